@@ -1,0 +1,197 @@
+"""Build the course's notebooks from their text sources (one source of truth, STYLE.md 9).
+
+    solutions/<chapter>.py  --(this script)-->  solutions/<chapter>/<chapter>.ipynb   (nbgrader source)
+                            --(nbgrader generate_assignment)-->  notebooks/<chapter>/<chapter>.ipynb
+    solutions/quizzes/<chapter>.yaml  -->  src/ptinternals/quiz/banks/<chapter>.json (hashed answers)
+
+The source format is "percent" Python (like jupytext's) with course cell markers:
+
+    # %% [markdown]          a markdown cell (each line starts with "# ")
+    # %%                     a plain code cell (demonstrations; students may edit and rerun)
+    # %% [setup]             a locked code cell the grader runs before the answers (grade_id "setup")
+    # %% [answer ex1_4]      the student's answer cell (nbgrader solution cell "ex1_4_code")
+    # %% [tests ex1_4]       a locked test cell ("ex1_4_tests"); its points come from the chapter's
+    #                        Exercise with that grade_id, so points live in one place
+    # %% [quiz]              a locked cell showing quiz questions
+    # %% [quiz-grade]        the locked cell that records the quiz score ("quiz"; points = the bank's)
+
+Test and quiz-grade cells are tagged ``raises-exception`` and ``remove-output``: the book runs them (in the
+student version they report "not implemented yet") and shows them as tasks, without their output.
+
+Usage: python scripts/build_notebooks.py [--check] [chapter ...]
+  --check   build into a temporary folder and fail if any committed file differs (used by the tests)
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from ptinternals.grading.exercise import load_chapter  # noqa: E402
+from ptinternals.quiz.bank import compile_bank  # noqa: E402
+
+MARKER = re.compile(r"^# %%(?:\s*\[(?P<kind>[^\]]+)\])?\s*$")
+
+
+def _nbgrader(grade_id: str, *, grade=False, solution=False, locked=False, points=None) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3, "solution": solution,
+            "task": False}
+    if points is not None:
+        meta["points"] = points
+    return meta
+
+
+def parse_source(text: str, chapter) -> nbformat.NotebookNode:
+    """Turn a percent-format source into an nbgrader source notebook."""
+    points = {ex.grade_id: ex.points for ex in chapter.exercises}
+    quiz_points = None
+    if chapter.quiz_grade_id:
+        from ptinternals.quiz.bank import load_bank
+
+        quiz_points = load_bank(chapter.assignment).total_points
+    blocks: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        m = MARKER.match(line)
+        if m:
+            blocks.append(((m.group("kind") or "code").strip(), []))
+        elif blocks:
+            blocks[-1][1].append(line)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                   "language_info": {"name": "python"}}
+    seen_ids: set[str] = set()
+    quiz_n = 0
+    for kind, lines in blocks:
+        while lines and not lines[-1].strip():
+            lines.pop()
+        while lines and not lines[0].strip():
+            lines.pop(0)
+        words = kind.split()
+        if words[0] == "markdown":
+            body = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in lines)
+            cell = nbformat.v4.new_markdown_cell(body)
+        else:
+            cell = nbformat.v4.new_code_cell("\n".join(lines))
+            if words[0] == "setup":
+                cell.metadata["nbgrader"] = _nbgrader("setup", locked=True)
+            elif words[0] == "answer":
+                cell.metadata["nbgrader"] = _nbgrader(f"{words[1]}_code", solution=True)
+            elif words[0] == "tests":
+                gid = f"{words[1]}_tests"
+                if gid not in points:
+                    raise SystemExit(f"{chapter.assignment}: test cell {gid} matches no Exercise.grade_id in the chapter")
+                cell.metadata["nbgrader"] = _nbgrader(gid, grade=True, locked=True, points=points[gid])
+                cell.metadata["tags"] = ["raises-exception", "remove-output"]
+            elif words[0] == "quiz":
+                quiz_n += 1
+                cell.metadata["nbgrader"] = _nbgrader(f"quiz_show_{quiz_n}", locked=True)
+            elif words[0] == "quiz-grade":
+                cell.metadata["nbgrader"] = _nbgrader(chapter.quiz_grade_id, grade=True, locked=True, points=quiz_points)
+                cell.metadata["tags"] = ["raises-exception", "remove-output"]
+            elif words[0] != "code":
+                raise SystemExit(f"{chapter.assignment}: unknown cell marker [{kind}]")
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        base = gid or hashlib.sha1(cell.source.encode()).hexdigest()[:8]
+        cid = base
+        while cid in seen_ids:
+            cid = base + "-" + str(len(seen_ids))
+        seen_ids.add(cid)
+        cell["id"] = cid
+        nb.cells.append(cell)
+    missing = [ex.grade_id for ex in chapter.exercises
+               if ex.grade_id not in {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}]
+    if missing:
+        raise SystemExit(f"{chapter.assignment}: no test cell for {missing}")
+    return nb
+
+
+def build(chapter_name: str, out_root: Path) -> list[Path]:
+    """Build one chapter's bank, source notebook and student notebook under ``out_root``."""
+    written = []
+    quiz_src = ROOT / "solutions" / "quizzes" / f"{chapter_name}.yaml"
+    if quiz_src.exists():
+        source = yaml.safe_load(quiz_src.read_text())
+        salt = hashlib.sha256(f"ptinternals-quiz|{chapter_name}".encode()).hexdigest()[:16]
+        bank = compile_bank(source, salt)
+        path = out_root / "src" / "ptinternals" / "quiz" / "banks" / f"{chapter_name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(bank, indent=1) + "\n")
+        written.append(path)
+    chapter = load_chapter(chapter_name)
+    nb = parse_source((ROOT / "solutions" / f"{chapter_name}.py").read_text(), chapter)
+    src_nb = out_root / "solutions" / chapter_name / f"{chapter_name}.ipynb"
+    src_nb.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, src_nb)
+    written.append(src_nb)
+    # The student version, by nbgrader itself (no database: this is for the repository copy).
+    course = Path(tempfile.mkdtemp(prefix="ptbuild-"))
+    try:
+        (course / "source" / chapter_name).mkdir(parents=True)
+        shutil.copyfile(src_nb, course / "source" / chapter_name / src_nb.name)
+        cfg = course / "nbgrader_config.py"
+        cfg.write_text("c = get_config()\n"
+                       "c.ClearSolutions.code_stub = {'python': '# YOUR CODE HERE\\nraise NotImplementedError()'}\n")
+        cmd = [sys.executable, "-m", "nbgrader", "generate_assignment", chapter_name, "--no-db", "--force",
+               f"--CourseDirectory.root={course}", "--log-level=WARN"]
+        proc = subprocess.run(cmd, cwd=course, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"nbgrader generate_assignment failed:\n{proc.stdout}\n{proc.stderr}")
+        released = course / "release" / chapter_name / src_nb.name
+        student = nbformat.read(released, as_version=4)
+        dest = out_root / "notebooks" / chapter_name / src_nb.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(student, dest)
+        written.append(dest)
+    finally:
+        shutil.rmtree(course, ignore_errors=True)
+    return written
+
+
+def chapters() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "solutions").glob("ch*.py"))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("chapters", nargs="*", help="chapter names, e.g. ch01_strides (default: all)")
+    parser.add_argument("--check", action="store_true", help="fail if committed files are out of date")
+    args = parser.parse_args(argv)
+    names = args.chapters or chapters()
+    unknown = [n for n in names if not (ROOT / "solutions" / f"{n}.py").exists()]
+    if unknown:
+        parser.error(f"no source solutions/<name>.py for {unknown}; known: {chapters()}")
+    if not args.check:
+        for name in names:
+            for path in build(name, ROOT):
+                print(f"wrote {path.relative_to(ROOT)}")
+        return 0
+    stale = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            for path in build(name, Path(tmp)):
+                committed = ROOT / path.relative_to(tmp)
+                if not committed.exists() or committed.read_bytes() != path.read_bytes():
+                    stale.append(str(committed.relative_to(ROOT)))
+    if stale:
+        print("out of date (run `make notebooks`):\n  " + "\n  ".join(stale))
+        return 1
+    print(f"up to date: {', '.join(names)}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())

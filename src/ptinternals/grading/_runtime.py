@@ -1,0 +1,456 @@
+"""The sandbox side of the grading boundary: run student code, return only data.
+
+This file runs in two places:
+
+* inside the grading sandbox, as a script (``python -I -S _runtime.py JOB_DIR OUT_DIR``), in a fresh
+  process that holds no grader state: it executes the student's answer cells, calls each exercise's
+  entry point on the cases the grader chose, and writes the results as JSON plus ``.npy`` arrays
+  (never pickle). The grade is computed elsewhere, by the trusted process that reads these files.
+* inside the student's own kernel, imported by ``ptinternals.grading.check`` for instant feedback,
+  so that both paths call and encode student code in exactly the same way.
+
+It imports only the standard library at module level (numpy and torch lazily), because it must work
+in a sandbox where the course's reference implementations do not exist.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+import types
+
+FORMAT_VERSION = 1
+MAX_MESSAGE = 2000
+
+
+# ================================================================================================
+# Encoding: Python/torch values <-> JSON tree + named arrays
+# ================================================================================================
+class Raised:
+    """What an entry point raised, as data: ``Raised("ValueError", "shape[1] must be >= 0")``."""
+
+    __slots__ = ("type", "message")
+
+    def __init__(self, type_name: str, message: str):
+        self.type, self.message = type_name, message
+
+    def __repr__(self) -> str:
+        return f"raised {self.type}: {self.message}"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Raised) and (self.type, self.message) == (other.type, other.message)
+
+
+class Unsupported:
+    """A value of a type the boundary does not carry (it is never equal to anything)."""
+
+    __slots__ = ("type", "text")
+
+    def __init__(self, type_name: str, text: str):
+        self.type, self.text = type_name, text
+
+    def __repr__(self) -> str:
+        return f"<a {self.type} object, which the grader cannot compare: {self.text}>"
+
+
+class TensorInfo:
+    """A tensor that crossed the boundary: its values (a CPU tensor) and its metadata.
+
+    ``shares_storage_with`` lists the argument positions whose storage the tensor aliases (computed
+    on the sandbox side from ``untyped_storage().data_ptr()``): that is how "no copy" is checked.
+    """
+
+    __slots__ = ("values", "shape", "stride", "storage_offset", "dtype", "device", "shares_storage_with", "requires_grad")
+
+    def __init__(self, values, shape, stride, storage_offset, dtype, device, shares_storage_with, requires_grad):
+        self.values, self.shape, self.stride = values, tuple(shape), tuple(stride)
+        self.storage_offset, self.dtype, self.device = storage_offset, dtype, device
+        self.shares_storage_with, self.requires_grad = tuple(shares_storage_with), requires_grad
+
+    def __repr__(self) -> str:
+        return f"tensor(shape={self.shape}, stride={self.stride}, dtype={self.dtype}, device={self.device})"
+
+
+def _exact(x, base):
+    """The plain ``base`` value of ``x``: subclasses (with a rigged ``__eq__``) are stripped."""
+    if base is int:
+        return int.__add__(x, 0)
+    if base is float:
+        return float.__add__(x, 0.0)
+    if base is str:
+        return str.__str__(x)
+    if base is tuple:
+        return tuple.__getitem__(x, slice(None))
+    if base is list:
+        return list.__getitem__(x, slice(None))
+    raise TypeError(base)
+
+
+def encode(obj, arrays: dict, ctx: dict | None = None, depth: int = 0):
+    """Turn ``obj`` into a JSON-able tree; tensors/arrays go into ``arrays`` under generated names."""
+    ctx = ctx or {}
+    if depth > 50:
+        return {"__unsupported__": "deep structure", "text": "nested more than 50 levels"}
+    if obj is None or obj is True or obj is False:
+        return obj
+    if isinstance(obj, BaseException):
+        return {"__raised__": type(obj).__name__, "message": _exc_message(obj)}
+    if isinstance(obj, Raised):
+        return {"__raised__": obj.type, "message": obj.message}
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return _exact(obj, int)
+    if isinstance(obj, float):
+        f = _exact(obj, float)
+        return f if math.isfinite(f) else {"__float__": repr(f)}
+    if isinstance(obj, str):
+        return _exact(obj, str)[:100_000]
+    if isinstance(obj, tuple):
+        return {"__tuple__": [encode(x, arrays, ctx, depth + 1) for x in _exact(obj, tuple)]}
+    if isinstance(obj, list):
+        return [encode(x, arrays, ctx, depth + 1) for x in _exact(obj, list)]
+    if type(obj) is dict:
+        return {"__dict__": [[encode(k, arrays, ctx, depth + 1), encode(v, arrays, ctx, depth + 1)] for k, v in dict.items(obj)]}
+    if type(obj) is slice:
+        return {"__slice__": [encode(obj.start, arrays, ctx), encode(obj.stop, arrays, ctx), encode(obj.step, arrays, ctx)]}
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    if torch is not None and not isinstance(torch, _Forbidden):
+        if isinstance(obj, torch.Size):
+            return {"__tuple__": [int(s) for s in obj]}
+        if isinstance(obj, torch.dtype):
+            return {"__dtype__": str(obj).replace("torch.", "")}
+        if isinstance(obj, torch.device):
+            return {"__device__": str(obj)}
+        if isinstance(obj, torch.Tensor):
+            return _encode_tensor(obj, arrays, ctx)
+    if np is not None and not isinstance(np, _Forbidden) and isinstance(obj, (np.ndarray, np.generic)):
+        arr = np.asarray(obj)
+        if arr.dtype == object:
+            return {"__unsupported__": "numpy object array", "text": ""}
+        name = f"a{len(arrays)}"
+        arrays[name] = np.ascontiguousarray(arr)
+        return {"__ndarray__": name}
+    try:
+        text = object.__repr__(obj)
+    except Exception:
+        text = "?"
+    return {"__unsupported__": type(obj).__name__, "text": text[:200]}
+
+
+def _encode_tensor(t, arrays: dict, ctx: dict):
+    import torch
+
+    t = torch.Tensor._make_subclass(torch.Tensor, t.detach()) if type(t) is not torch.Tensor and not t.is_nested else t.detach()
+    name = f"a{len(arrays)}"
+    values = t.to("cpu") if t.device.type != "meta" else None
+    if values is not None:
+        values = values.contiguous()
+        if values.dtype == torch.bfloat16:  # numpy has no bf16: ship the bit pattern
+            arrays[name] = values.view(torch.int16).numpy()
+        elif values.dtype.is_floating_point and values.element_size() == 1:  # fp8 formats: bit pattern too
+            arrays[name] = values.view(torch.uint8).numpy()
+        else:
+            arrays[name] = values.numpy()
+    shares = []
+    if t.device.type != "meta":
+        ptr = t.untyped_storage().data_ptr()
+        shares = [i for i, p in ctx.get("arg_storages", []) if p == ptr and ptr != 0]
+    return {
+        "__tensor__": name if values is not None else None,
+        "shape": list(t.shape),
+        "stride": list(t.stride()) if t.layout == torch.strided else [],
+        "storage_offset": t.storage_offset() if t.layout == torch.strided else 0,
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "device": t.device.type,
+        "shares_storage_with": shares,
+        "requires_grad": bool(getattr(t, "requires_grad", False)),
+    }
+
+
+def decode(tree, arrays: dict, *, to_torch: bool = True, device: str = "cpu"):
+    """Inverse of :func:`encode`. Tensors come back as torch tensors (inputs) or ``TensorInfo`` (results)."""
+    if isinstance(tree, list):
+        return [decode(x, arrays, to_torch=to_torch, device=device) for x in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if "__tuple__" in tree:
+        return tuple(decode(x, arrays, to_torch=to_torch, device=device) for x in tree["__tuple__"])
+    if "__dict__" in tree:
+        return {decode(k, arrays): decode(v, arrays, to_torch=to_torch, device=device) for k, v in tree["__dict__"]}
+    if "__float__" in tree:
+        return float(tree["__float__"])
+    if "__raised__" in tree:
+        return Raised(str(tree["__raised__"]), str(tree.get("message", "")))
+    if "__unsupported__" in tree:
+        return Unsupported(str(tree["__unsupported__"]), str(tree.get("text", "")))
+    if "__slice__" in tree:
+        return slice(*(decode(x, arrays) for x in tree["__slice__"]))
+    import torch
+
+    if "__dtype__" in tree:
+        return getattr(torch, tree["__dtype__"])
+    if "__device__" in tree:
+        return torch.device(tree["__device__"])
+    if "__ndarray__" in tree:
+        return arrays[tree["__ndarray__"]]
+    if "__tensor__" in tree:
+        dtype = getattr(torch, tree["dtype"])
+        shape = tuple(tree["shape"])
+        if tree["__tensor__"] is None:
+            values = torch.empty(shape, dtype=dtype, device="meta")
+        else:
+            arr = arrays[tree["__tensor__"]]
+            values = torch.from_numpy(arr.copy())
+            if values.dtype != dtype:  # bf16 / fp8 travelled as their bit patterns
+                values = values.view(dtype)
+            values = values.reshape(shape)
+        if not to_torch:
+            return TensorInfo(values, shape, tree["stride"], tree["storage_offset"], tree["dtype"], tree["device"],
+                              tree.get("shares_storage_with", []), tree.get("requires_grad", False))
+        # An input: rebuild the exact layout (non-contiguous strides included) on the target device.
+        stride, offset = tuple(tree["stride"]), int(tree["storage_offset"])
+        t = values.to(device)
+        if stride and (stride != tuple(t.stride()) or offset):
+            extent = 1 + offset + sum((s - 1) * st for s, st in zip(shape, stride)) if values.numel() else 0
+            base = torch.zeros(max(extent, 1), dtype=dtype, device=device)
+            view = base.as_strided(shape, stride, offset)
+            view.copy_(t)
+            t = view
+        if tree.get("requires_grad"):
+            t.requires_grad_(True)
+        return t
+    raise ValueError(f"cannot decode {sorted(tree)[:3]}")
+
+
+def _exc_message(e: BaseException) -> str:
+    try:
+        msg = str(e)
+    except Exception:
+        msg = "<unprintable message>"
+    return msg[:MAX_MESSAGE]
+
+
+# ================================================================================================
+# Forbidden modules (an exercise that must be solved without torch gets a stub instead of torch)
+# ================================================================================================
+class ForbiddenModuleError(RuntimeError):
+    pass
+
+
+class _Forbidden(types.ModuleType):
+    def __init__(self, name: str, exercise: str = "this exercise"):
+        super().__init__(name)
+        object.__setattr__(self, "_why", f"{name} is not available in {exercise}: implement the algorithm yourself "
+                                         f"(the grader runs this exercise with {name} unavailable)")
+
+    def __getattr__(self, attr):
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        raise ForbiddenModuleError(f"{object.__getattribute__(self, '_why')} [used: {self.__name__}.{attr}]")
+
+
+class _Blocker:
+    """A meta-path finder that refuses some imports (reference implementations, forbidden modules)."""
+
+    def __init__(self, blocked_prefixes, allowed, message):
+        self.blocked, self.allowed, self.message = tuple(blocked_prefixes), set(allowed), message
+
+    def find_spec(self, name, path=None, target=None):
+        if name in self.allowed:
+            return None
+        for prefix in self.blocked:
+            if name == prefix or name.startswith(prefix + "."):
+                raise ImportError(self.message.format(name=name))
+        return None
+
+
+# ================================================================================================
+# Calling student code
+# ================================================================================================
+class CaseTimeout(BaseException):
+    """Raised by the per-exercise alarm; a BaseException so ``except Exception`` cannot swallow it."""
+
+
+def call_case(entry, case_args, case_kwargs, probe=None):
+    """Call ``entry`` (or ``probe(entry, ...)``) on one case; return the result or a ``Raised``."""
+    try:
+        fn = probe if probe is not None else entry
+        if probe is not None:
+            return probe(entry, *case_args, **case_kwargs)
+        return fn(*case_args, **case_kwargs)
+    except CaseTimeout:
+        raise
+    except NotImplementedError as e:
+        return Raised("NotImplementedError", _exc_message(e))
+    except RecursionError as e:
+        return Raised("RecursionError", _exc_message(e))
+    except Exception as e:
+        return Raised(type(e).__name__, _exc_message(e))
+
+
+def arg_storages(args, kwargs):
+    """(position, storage pointer) of every tensor argument, to tell views from copies."""
+    torch = sys.modules.get("torch")
+    out = []
+    if torch is None or isinstance(torch, _Forbidden):
+        return out
+    for i, a in enumerate(list(args) + list(kwargs.values())):
+        if isinstance(a, torch.Tensor) and a.device.type != "meta":
+            out.append((i, a.untyped_storage().data_ptr()))
+    return out
+
+
+def strip_magics(source: str) -> str:
+    """IPython magics and shell escapes are not Python: comment them out."""
+    lines = []
+    for line in source.splitlines():
+        stripped = line.lstrip()
+        lines.append(("# " + line) if stripped.startswith(("%", "!")) else line)
+    return "\n".join(lines)
+
+
+def _load_probe(spec: str | None):
+    if not spec:
+        return None
+    module, _, func = spec.partition(":")
+    __import__(module)
+    return getattr(sys.modules[module], func)
+
+
+# ================================================================================================
+# The sandbox entry point
+# ================================================================================================
+def _write_json(path, obj, _dump=json.dump, _replace=os.replace, _open=open):
+    tmp = path + ".tmp"
+    with _open(tmp, "w") as f:
+        _dump(obj, f)
+    _replace(tmp, path)
+
+
+def main(job_dir: str, out_dir: str) -> int:
+    # Everything the harness needs is bound *before* student code runs, so rebinding names in
+    # json/os/numpy from a cell cannot change what the harness writes.
+    _open, _dump, _replace, _time = open, json.dump, os.replace, time.perf_counter
+    with _open(os.path.join(job_dir, "job.json")) as f:
+        job = json.load(f)
+    if job.get("format") != FORMAT_VERSION:
+        raise SystemExit(f"job format {job.get('format')} != {FORMAT_VERSION}")
+    sys.path[:0] = [p for p in job.get("sys_path", []) if p not in sys.path]
+    sys.setrecursionlimit(5000)
+    # Modules this run must not see: the reference implementations and the exercise's forbidden ones.
+    sys.meta_path.insert(0, _Blocker(job.get("blocked_modules", []), job.get("allowed_modules", []),
+                                     "{name} is not available while grading: graded code must not call the "
+                                     "course's reference implementation"))
+    for name in job.get("forbid", []):
+        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[mod]
+        sys.modules[name] = _Forbidden(name, job.get("forbid_context", "this exercise"))
+    if "numpy" not in job.get("forbid", []):
+        import numpy as np  # noqa: F401  (imported before student code, for the encoder)
+    if "torch" not in job.get("forbid", []):
+        import torch
+
+        torch.manual_seed(0)
+        _data_ptr = torch.UntypedStorage.data_ptr  # noqa: F841  (bound early)
+    _np_save = sys.modules["numpy"].save if "numpy" in sys.modules and not isinstance(sys.modules["numpy"], _Forbidden) else None
+
+    arrays_in = {}
+    import numpy as _np_in  # numpy is needed to read inputs even when student code may not use it
+
+    for name in job.get("input_arrays", []):
+        arrays_in[name] = _np_in.load(os.path.join(job_dir, name + ".npy"), allow_pickle=False)
+
+    progress = os.path.join(out_dir, "progress.jsonl")
+
+    def mark(event: dict) -> None:
+        with _open(progress, "a") as f:
+            f.write(json.dumps(event) + "\n")
+            f.flush()
+
+    def on_alarm(signum, frame):
+        raise CaseTimeout()
+
+    # 1. The student's answer cells, in notebook order, in one fresh namespace.
+    ns = {"__name__": "__main__", "__builtins__": __builtins__}
+    cell_reports = []
+    for cell in job["cells"]:
+        if cell["id"] in job.get("skip_cells", []):
+            cell_reports.append({"id": cell["id"], "status": "skipped"})
+            continue
+        mark({"cell": cell["id"]})
+        t0 = _time()
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, float(job.get("cell_timeout_s", 30)))
+        try:
+            source = strip_magics(cell["source"])
+            if cell.get("tolerant"):
+                # The course's own locked cells (imports of notebook-only helpers such as quizzes and
+                # figures, which do not exist here): run statement by statement, keep going on errors.
+                import ast
+
+                for stmt in ast.parse(source).body:
+                    try:
+                        exec(compile(ast.Module([stmt], []), f"<cell {cell['id']}>", "exec"), ns)
+                    except Exception:
+                        pass
+            else:
+                exec(compile(source, f"<cell {cell['id']}>", "exec"), ns)
+            cell_reports.append({"id": cell["id"], "status": "ok", "s": _time() - t0})
+        except CaseTimeout:
+            cell_reports.append({"id": cell["id"], "status": "error", "error": "Timeout",
+                                 "message": f"the cell ran past {job.get('cell_timeout_s', 30)} s", "where": ""})
+        except BaseException as e:  # SystemExit and KeyboardInterrupt included: a cell may not end grading
+            tb = traceback.extract_tb(e.__traceback__)
+            where = next((f"line {fr.lineno}" for fr in reversed(tb) if fr.filename.startswith("<cell")), "")
+            cell_reports.append({"id": cell["id"], "status": "error", "error": type(e).__name__,
+                                 "message": _exc_message(e), "where": where})
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    _write_json(os.path.join(out_dir, "cells.json"), cell_reports, _dump, _replace, _open)
+
+    # 2. Each exercise: look up its entry point, run its cases under a time limit, write the results.
+    for ex in job["exercises"]:
+        if ex["id"] in job.get("skip_exercises", []):
+            continue
+        mark({"exercise": ex["id"]})
+        t0 = _time()
+        arrays_out: dict = {}
+        results = []
+        entry = ns.get(ex["entry"])
+        status = "ok"
+        if entry is None:
+            status = "missing"
+        else:
+            try:
+                probe = _load_probe(ex.get("probe"))
+                signal.signal(signal.SIGALRM, on_alarm)
+                signal.setitimer(signal.ITIMER_REAL, float(ex.get("timeout_s", 20)))
+                for case in ex["cases"]:
+                    args = decode(case["args"], arrays_in, device=job.get("device", "cpu"))
+                    kwargs = decode(case.get("kwargs", {"__dict__": []}), arrays_in, device=job.get("device", "cpu"))
+                    storages = arg_storages(args, kwargs)
+                    got = call_case(entry, args, kwargs, probe)
+                    results.append(encode(got, arrays_out, {"arg_storages": storages}))
+            except CaseTimeout:
+                status = "timeout"
+            except BaseException as e:  # an error in the probe or decoding: report, do not die
+                status = "harness-error"
+                results.append(encode(Raised(type(e).__name__, _exc_message(e)), arrays_out))
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        out_name = ex["id"].replace("/", "_")
+        for name, arr in arrays_out.items():
+            (_np_save or _np_in.save)(os.path.join(out_dir, f"{out_name}.{name}.npy"), arr, allow_pickle=False)
+        _write_json(os.path.join(out_dir, f"{out_name}.result.json"),
+                    {"id": ex["id"], "status": status, "results": results, "arrays": sorted(arrays_out),
+                     "s": _time() - t0}, _dump, _replace, _open)
+    mark({"done": True})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,312 @@
+"""Exercises: what a graded task is, and how its result is judged.
+
+An :class:`Exercise` knows four things, and nothing about where the student's code runs:
+
+1. ``entry``: the name the student defines (a function or a class);
+2. its cases: ``visible_cases()`` (small, named, for instant feedback in the notebook) and
+   ``hidden_cases()`` (many, drawn with hypothesis, for the grade);
+3. ``expected(case)``: the right answer, from real torch wherever torch has it;
+4. ``compare`` and ``diagnose``: whether a result is right, and if not, the likely cause.
+
+The same exercise object is used in the student's kernel (``check``: instant feedback, untrusted)
+and by the trusted grader (``ptinternals.grading.trusted``), which runs the student's code in a
+sandbox and calls :func:`evaluate` on the data that comes back.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import _runtime
+from ._runtime import Raised, TensorInfo, Unsupported
+from .compare import close_tensors, describe, same_value
+
+# Which module holds each chapter's exercises. The key is the exercise-id prefix ("ch01.view_strides").
+CHAPTER_MODULES = {
+    "ch01": "ptinternals.strides.exercises",
+    "ch02": "ptinternals.autograd.exercises",
+    "ch03": "ptinternals.dispatch.exercises",
+    "ch04": "ptinternals.allocator.exercises",
+    "ch05": "ptinternals.amp.exercises",
+    "ch06": "ptinternals.distributed.exercises",
+    "ch07": "ptinternals.kernels.exercises",
+    "ch08": "ptinternals.gpt.exercises",
+}
+
+
+@dataclass
+class Case:
+    """One call of the student's entry point: ``entry(*args, **kwargs)``. ``label`` names it for humans."""
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    label: str = ""
+    hidden: bool = False
+
+    def call_text(self, entry: str) -> str:
+        parts = [describe(a, 80) for a in self.args] + [f"{k}={describe(v, 80)}" for k, v in self.kwargs.items()]
+        return f"{entry}({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class Raises:
+    """The expected outcome is an exception of one of ``types`` (names, e.g. ``("ValueError",)``)."""
+
+    types: tuple[str, ...]
+    why: str = ""
+
+    def __repr__(self) -> str:
+        return f"an exception ({' or '.join(self.types)}){': ' + self.why if self.why else ''}"
+
+
+class CheckFailure(AssertionError):
+    """A check failed. ``category`` is one of: wrong, error, not-implemented, forbidden, missing,
+    timeout, crashed, unsupported (the instructor's summary groups failures by it)."""
+
+    def __init__(self, message: str, *, exercise: str = "", category: str = "wrong"):
+        super().__init__(message)
+        self.exercise, self.category = exercise, category
+
+
+class NotImplementedYet(CheckFailure):
+    def __init__(self, message: str, *, exercise: str = ""):
+        super().__init__(message, exercise=exercise, category="not-implemented")
+
+
+class Exercise:
+    """Subclass per exercise. Class attributes describe it; methods produce cases and judge results."""
+
+    id: str = ""  # "ch01.view_strides"
+    number: str = ""  # "1.4"
+    title: str = ""  # "view: strides for a new shape, or None"
+    entry: str = ""  # the name the student defines
+    grade_id: str = ""  # the nbgrader grade cell that records this exercise's score
+    points: float = 1.0
+    forbid: tuple[str, ...] = ()  # modules the solution must not use (e.g. ("torch",))
+    timeout_s: float = 30.0  # for all cases of this exercise, in the sandbox
+    probe: str | None = None  # "module:function" run sandbox-side instead of a plain call
+    gpu: bool = False  # True: graded on a GPU when one is present (the device is in the result)
+
+    # ---- to be provided by each exercise ---------------------------------------------------------
+    def visible_cases(self) -> list[Case]:
+        raise NotImplementedError
+
+    def hidden_cases(self) -> list[Case]:
+        return []
+
+    def expected(self, case: Case) -> Any:
+        raise NotImplementedError
+
+    def compare(self, case: Case, got: Any, expected: Any) -> str | None:
+        """``None`` if ``got`` is right, else what differs. Default: exact data / close tensors."""
+        import torch
+
+        if isinstance(expected, torch.Tensor):
+            return close_tensors(got, expected)
+        return same_value(got, expected)
+
+    def diagnose(self, case: Case, got: Any, expected: Any) -> str | None:
+        """The likely cause of a known wrong answer (checked against the bank of buggy versions)."""
+        return None
+
+    # ---- derived ----------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return f"Exercise {self.number} ({self.entry})"
+
+    def all_cases(self, hidden: bool = True) -> list[Case]:
+        cases = list(self.visible_cases())
+        if hidden:
+            cases += [Case(c.args, c.kwargs, c.label, hidden=True) for c in self.hidden_cases()]
+        return cases
+
+
+@dataclass
+class Chapter:
+    """A chapter's graded notebook: its exercises, the locked cells graded code may rely on, its quiz."""
+
+    key: str  # "ch01"
+    assignment: str  # nbgrader assignment id == notebook name, e.g. "ch01_strides"
+    exercises: list[Exercise]
+    setup_cells: tuple[str, ...] = ("setup",)  # grade_ids of locked cells run before the answers
+    quiz_grade_id: str | None = "quiz"
+    allowed_modules: tuple[str, ...] = ()  # extra ptinternals modules graded code may import
+
+    def exercise(self, exercise_id: str) -> Exercise:
+        for ex in self.exercises:
+            if ex.id == exercise_id:
+                return ex
+        raise KeyError(f"{self.assignment} has no exercise {exercise_id!r}; known: {[e.id for e in self.exercises]}")
+
+    def by_grade_id(self) -> dict[str, Exercise]:
+        return {ex.grade_id: ex for ex in self.exercises}
+
+
+def load_chapter(key_or_assignment: str) -> Chapter:
+    """The :class:`Chapter` for "ch01" or "ch01_strides" (imports its exercises module)."""
+    key = key_or_assignment.split("_")[0].split(".")[0]
+    if key not in CHAPTER_MODULES:
+        raise KeyError(f"unknown chapter {key_or_assignment!r}; known: {sorted(CHAPTER_MODULES)}")
+    module = importlib.import_module(CHAPTER_MODULES[key])
+    return module.CHAPTER
+
+
+def get_exercise(exercise_id: str) -> Exercise:
+    return load_chapter(exercise_id).exercise(exercise_id)
+
+
+# ================================================================================================
+# Judging results (shared by the notebook check and the trusted grader)
+# ================================================================================================
+@dataclass
+class Outcome:
+    exercise: str
+    passed: bool
+    n_cases: int
+    n_failed: int = 0
+    message: str = ""
+    category: str = ""
+    seconds: float = 0.0
+    device: str = "cpu"
+
+    def failure(self) -> CheckFailure:
+        cls = NotImplementedYet if self.category == "not-implemented" else CheckFailure
+        if cls is NotImplementedYet:
+            return NotImplementedYet(self.message, exercise=self.exercise)
+        return CheckFailure(self.message, exercise=self.exercise, category=self.category)
+
+
+def _raised_matches(got: Raised, expected: Raises) -> bool:
+    return got.type in expected.types or (got.type == "RuntimeError" and "RuntimeError" in expected.types)
+
+
+def _judge_one(ex: Exercise, case: Case, got: Any, expected: Any) -> tuple[str, str] | None:
+    """(category, description) of what is wrong with ``got``, or None when it is right."""
+    if isinstance(got, Raised):
+        if got.type == "NotImplementedError":
+            return "not-implemented", ""
+        if got.type == "ForbiddenModuleError":
+            return "forbidden", got.message
+        if isinstance(expected, Raises):
+            return None if _raised_matches(got, expected) else (
+                "wrong", f"expected {expected!r}\n     got {got.type}: {got.message}")
+        return "error", f"your code raised {got.type}: {got.message}"
+    if isinstance(expected, Raises):
+        return "wrong", f"expected {expected!r}\n     got {describe(got)} (no exception)"
+    if isinstance(got, Unsupported):
+        return "unsupported", f"returned {got!r}; return plain ints, tuples, lists, floats or tensors"
+    problem = ex.compare(case, got, expected)
+    return None if problem is None else ("wrong", problem)
+
+
+def evaluate(ex: Exercise, cases: list[Case], results: list[Any], expected: list[Any], *, device: str = "cpu",
+             status: str = "ok", seconds: float = 0.0) -> Outcome:
+    """Judge ``results`` (decoded from the student's run) against ``expected`` for every case."""
+    n = len(cases)
+    if status == "missing":
+        return Outcome(ex.id, False, n, n, (f"{ex.name}: no `{ex.entry}` is defined. Write it in the answer cell "
+                                            f"of {ex.name} (keep the name `{ex.entry}`) and run that cell."),
+                       "missing", seconds, device)
+    if status == "timeout":
+        return Outcome(ex.id, False, n, n, (f"{ex.name}: ran past its time limit of {ex.timeout_s:g} s. Look for an "
+                                            f"infinite loop, or work that grows much faster than the input."),
+                       "timeout", seconds, device)
+    failures = []
+    for i, (case, got, exp) in enumerate(zip(cases, results, expected)):
+        verdict = _judge_one(ex, case, got, exp)
+        if verdict is not None:
+            failures.append((i, case, got, exp, verdict))
+    if len(results) < n and status == "ok":
+        failures.append((len(results), cases[len(results)], None, expected[len(results)],
+                         ("crashed", "the run stopped before reaching this case")))
+    if status not in ("ok", "missing", "timeout") and not failures:
+        failures.append((0, cases[0], None, expected[0], (status, f"the grader could not run your code ({status})")))
+    if not failures:
+        return Outcome(ex.id, True, n, 0, f"{ex.name}: all {n} cases passed", "", seconds, device)
+
+    if any(f[4][0] == "not-implemented" for f in failures) and all(f[4][0] == "not-implemented" for f in failures):
+        return Outcome(ex.id, False, n, len(failures),
+                       (f"{ex.name} is not implemented yet: replace `raise NotImplementedError()` in its answer "
+                        f"cell with your code, run that cell, then run this check again."),
+                       "not-implemented", seconds, device)
+    # Report the simplest failing case (visible before hidden, then the shortest call): a cheap shrink.
+    i, case, got, exp, (category, problem) = min(
+        failures, key=lambda f: (f[1].hidden, len(f[1].call_text(ex.entry)), f[0]))
+    kind = "hidden" if case.hidden else "visible"
+    lines = [f"{ex.name} failed {len(failures)} of {n} cases. The simplest failing one ({kind}):"]
+    if case.label:
+        lines.append(f"  case:  {case.label}")
+    lines.append(f"  call:  {case.call_text(ex.entry)}")
+    lines += ["  " + line for line in problem.splitlines()]
+    hint = None
+    if category == "wrong":
+        try:
+            hint = ex.diagnose(case, got, exp)
+        except Exception:  # a diagnosis must never hide the failure itself
+            hint = None
+    elif category == "forbidden":
+        hint = f"{ex.name} asks you to write the algorithm with plain Python; do not call {', '.join(ex.forbid)}."
+    if hint:
+        lines.append(f"  likely cause: {hint}")
+    return Outcome(ex.id, False, n, len(failures), "\n".join(lines), category, seconds, device)
+
+
+# ================================================================================================
+# Instant feedback in the student's kernel (untrusted: the grade is recomputed in the sandbox)
+# ================================================================================================
+def run_in_process(ex: Exercise, entry: Callable, cases: list[Case], device: str = "cpu") -> tuple[list, str]:
+    """Call ``entry`` on each case here, passing every value through the same encoding as the sandbox."""
+    probe = _runtime._load_probe(ex.probe)
+    globals_ = getattr(entry, "__globals__", None) or getattr(getattr(entry, "__init__", None), "__globals__", None)
+    saved = {}
+    if globals_ is not None:  # "forbid": the exercise's function sees stubs instead of those modules
+        for name in ex.forbid:
+            if name in globals_:
+                saved[name] = globals_[name]
+                globals_[name] = _runtime._Forbidden(name, ex.name)
+    results = []
+    try:
+        for case in cases:
+            arrays: dict = {}
+            args = _runtime.decode(_runtime.encode(case.args, arrays), arrays, device=device)
+            kwargs = _runtime.decode(_runtime.encode(case.kwargs, arrays), arrays, device=device)
+            storages = _runtime.arg_storages(args, kwargs)
+            got = _runtime.call_case(entry, args, kwargs, probe)
+            out_arrays: dict = {}
+            tree = _runtime.encode(got, out_arrays, {"arg_storages": storages})
+            results.append(_runtime.decode(tree, out_arrays, to_torch=False))
+    finally:
+        if globals_ is not None:
+            globals_.update(saved)
+    return results, "ok"
+
+
+def check(exercise_id: str, entry: Callable, *, hidden: bool = False, device: str | None = None) -> None:
+    """Check ``entry`` against an exercise's visible cases (and hidden ones with ``hidden=True``).
+
+    Prints one line when every case passes; raises :class:`CheckFailure` (an ``AssertionError``)
+    with a teaching message otherwise. Returns ``None``, as nbgrader reads a returned value as
+    partial credit.
+    """
+    from ..device import pick_device
+
+    ex = get_exercise(exercise_id)
+    device = device or (pick_device() if ex.gpu else "cpu")
+    if not callable(entry):
+        raise CheckFailure(f"{ex.name}: expected the function/class `{ex.entry}`, got {describe(entry)}",
+                           exercise=ex.id, category="missing")
+    cases = ex.all_cases(hidden=hidden)
+    expected = [ex.expected(c) for c in cases]  # before the student's code can touch the inputs
+    t0 = time.perf_counter()
+    results, status = run_in_process(ex, entry, cases, device)
+    outcome = evaluate(ex, cases, results, expected, device=device, status=status, seconds=time.perf_counter() - t0)
+    if not outcome.passed:
+        raise outcome.failure()
+    scope = "visible and hidden" if hidden else "visible"
+    print(f"\u2713 {ex.name}: all {len(cases)} {scope} cases passed (ran on {device})")
+
+
+__all__ = ["Case", "Chapter", "CheckFailure", "Exercise", "NotImplementedYet", "Outcome", "Raises", "TensorInfo",
+           "check", "evaluate", "get_exercise", "load_chapter"]
