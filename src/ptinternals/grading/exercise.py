@@ -85,7 +85,7 @@ class Exercise:
     grade_id: str = ""  # the nbgrader grade cell that records this exercise's score
     points: float = 1.0
     forbid: tuple[str, ...] = ()  # modules the solution must not use (e.g. ("torch",))
-    timeout_s: float = 30.0  # for all cases of this exercise, in the sandbox
+    timeout_s: float = 20.0  # for all cases of this exercise, in the sandbox
     probe: str | None = None  # "module:function" run sandbox-side instead of a plain call
     gpu: bool = False  # True: graded on a GPU when one is present (the device is in the result)
 
@@ -213,6 +213,9 @@ def evaluate(ex: Exercise, cases: list[Case], results: list[Any], expected: list
         return Outcome(ex.id, False, n, n, (f"{ex.name}: ran past its time limit of {ex.timeout_s:g} s. Look for an "
                                             f"infinite loop, or work that grows much faster than the input."),
                        "timeout", seconds, device)
+    if status == "memory":
+        return Outcome(ex.id, False, n, n, (f"{ex.name}: ran out of memory (MemoryError) under the grader's memory "
+                                            f"limit. Look for data that grows without bound."), "memory", seconds, device)
     failures = []
     for i, (case, got, exp) in enumerate(zip(cases, results, expected)):
         verdict = _judge_one(ex, case, got, exp)

@@ -233,9 +233,8 @@ def _preexec(limits: Limits, uid: int | None, device: str, isolate_net: bool = F
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-        else:
-            soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-            resource.setrlimit(resource.RLIMIT_NPROC, (min(limits.nproc * 8, hard) if hard > 0 else limits.nproc * 8, hard))
+        # Without a dedicated uid, RLIMIT_NPROC would count every process of the grader's user (threads
+        # included), so it is not set: fork bombs are then stopped only by the wall-time kill.
 
     return setup
 
@@ -256,6 +255,26 @@ def _group_rss_mb(pgid: int) -> float:
 # ================================================================================================
 # Running a job
 # ================================================================================================
+GRACE_S = 3.0  # after a step's own time limit, before the watchdog kills the sandbox
+
+
+def _overstayed(progress: Path) -> bool:
+    """True when the step the sandbox last started (a cell or an exercise) is past its limit.
+
+    The runtime's own alarm normally stops a slow step; this catches code that swallows the alarm
+    (``except BaseException``) or blocks signals, without waiting for the whole run's wall limit.
+    """
+    try:
+        with open(progress, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            last = f.read().decode(errors="replace").strip().splitlines()[-1]
+        event = json.loads(last)
+        return "limit" in event and time.time() - float(event["t"]) > float(event["limit"]) + GRACE_S
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return False
+
+
 def run_job(job: dict, input_arrays: dict, config: SandboxConfig) -> SandboxResult:
     """Write ``job`` and its arrays, start the runtime in the sandbox, wait (with limits), return."""
     import numpy as np
@@ -314,7 +333,7 @@ def run_job(job: dict, input_arrays: dict, config: SandboxConfig) -> SandboxResu
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if time.monotonic() - t0 > limits.wall_s:
+                if time.monotonic() - t0 > limits.wall_s or _overstayed(out_dir / "progress.jsonl"):
                     timed_out = True
                     break
                 if config.device == "cuda" and _group_rss_mb(proc.pid) > limits.memory_mb:
@@ -326,6 +345,8 @@ def run_job(job: dict, input_arrays: dict, config: SandboxConfig) -> SandboxResu
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
+            if uid is not None:
+                _kill_uid(uid)
     rc = proc.returncode
     sig = -rc if rc is not None and rc < 0 else None
     if sig == signal.SIGKILL and not timed_out and not memory_exceeded and config.device != "cuda":
@@ -335,6 +356,35 @@ def run_job(job: dict, input_arrays: dict, config: SandboxConfig) -> SandboxResu
     if "MemoryError" in result.stderr_tail and rc:
         result.memory_exceeded = True
     return result
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("Uid:"):
+                    if int(line.split()[1]) == uid:
+                        pids.append(int(status.parent.name))
+                    break
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _kill_uid(uid: int, timeout_s: float = 5.0) -> None:
+    """Kill every process of the sandbox's dedicated uid (forks that left the session included)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = _pids_of_uid(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.05)
 
 
 def _looks_like_oom(root: Path) -> bool:

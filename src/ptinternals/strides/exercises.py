@@ -97,7 +97,7 @@ class ContiguousStrides(Exercise):
                 return "the strides come out reversed: the LAST dim moves fastest and has stride 1."
             if 0 in shape and 0 in got:
                 return "a size-0 dim counts as size 1 in the running product: torch.empty(3, 0, 2).stride() == (2, 2, 1)."
-            if tuple(got[1:]) + (1,) != tuple(expected) and tuple(got) == tuple(expected[1:]) + (1,):
+            if all(g == e * max(size, 1) for g, e, size in zip(got, expected, shape)):
                 return "off by one dim: stride[k] is the product of the sizes AFTER dim k, not from dim k."
         return None
 
@@ -358,7 +358,8 @@ class SlidingWindows(Exercise):
         out = got.get("out") if isinstance(got, dict) else None
         if isinstance(out, TensorInfo) and tuple(out.shape) == tuple(expected.shape):
             if x.storage_offset() and out.storage_offset != x.storage_offset():
-                return "pass x.storage_offset() to as_strided: it defaults to 0, not to x's own offset."
+                return ("the windows start at the wrong element: keep x's storage_offset() (as_strided keeps it "
+                        "when you leave the offset out; passing 0 moves the view to the start of the storage).")
             if len(out.stride) and out.stride[-2] != x.stride(-1) * step:
                 return "the window-count dim advances by step * x.stride(-1) elements, the window dim by x.stride(-1)."
         return None

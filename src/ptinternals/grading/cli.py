@@ -1,0 +1,354 @@
+"""``ptgrade``: the instructor's command line (and ``ptgrade validate`` for students).
+
+    ptgrade doctor                           what this machine has and what grading will use
+    ptgrade release ch01_strides             register the assignment, write notebooks/ (nbgrader)
+    ptgrade collect ch01_strides --from DIR  import submissions (DIR/<student>/...), or --exchange, --zips
+    ptgrade autograde ch01_strides -j 2      grade in a sandbox, in parallel; reruns grade only what is missing
+    ptgrade feedback ch01_strides            HTML feedback without hidden tests
+    ptgrade export --to grades.csv           the gradebook as CSV
+    ptgrade summary ch01_strides             pass rates, histogram, slowest, failures by category
+    ptgrade validate my_notebook.ipynb       (students) is every test cell still there and unchanged?
+
+Exit codes: 0 success; 1 some submissions could not be graded or validation found problems;
+2 bad usage (unknown assignment, malformed arguments); 3 the environment cannot grade (see doctor).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    pass
+
+
+def find_root(start: Path | None = None) -> Path:
+    env = os.environ.get("PTGRADE_ROOT")
+    if env:
+        return Path(env).resolve()
+    here = (start or Path.cwd()).resolve()
+    for p in [here, *here.parents]:
+        if (p / "autograder" / "nbgrader_config.py").exists() and (p / "solutions").is_dir():
+            return p
+    raise UsageError("not inside the course repository (no autograder/nbgrader_config.py above "
+                     f"{here}); cd into it or set PTGRADE_ROOT")
+
+
+def _assignments(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "solutions").iterdir()
+                  if p.is_dir() and (p / f"{p.name}.ipynb").exists())
+
+
+def _check_assignment(root: Path, name: str) -> str:
+    known = _assignments(root)
+    if name not in known:
+        raise UsageError(f"unknown assignment {name!r}; known: {', '.join(known) or 'none'}")
+    return name
+
+
+def _nbgrader(root: Path, *args: str, db_url: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if db_url:
+        env["PTGRADE_DB_URL"] = db_url
+    (root / "autograder").mkdir(exist_ok=True)
+    # nbgrader reads nbgrader_config.py from its working folder: autograder/ holds ours.
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    return subprocess.run(cmd, cwd=root / "autograder", env=env, text=True, capture_output=True)
+
+
+# ---- commands --------------------------------------------------------------------------------------
+def cmd_doctor(args) -> int:
+    import platform
+
+    import numpy
+    import torch
+
+    from ..device import describe, pick_device
+    from .sandbox import resolve_isolation
+
+    rows = [("python", platform.python_version()), ("torch", torch.__version__), ("numpy", numpy.__version__)]
+    try:
+        import triton
+
+        rows.append(("triton", triton.__version__))
+    except Exception as e:
+        rows.append(("triton", f"not importable ({type(e).__name__})"))
+    try:
+        import nbgrader
+
+        rows.append(("nbgrader", nbgrader.__version__))
+    except Exception:
+        rows.append(("nbgrader", "NOT INSTALLED: cannot autograde"))
+    device = pick_device()
+    info = describe(device)
+    rows.append(("cuda", f"{torch.version.cuda or 'none'}; available: {torch.cuda.is_available()}"
+                 + (f", {torch.cuda.device_count()} device(s)" if torch.cuda.is_available() else "")))
+    rows.append(("grading device", f"{info.kind} ({info.name}); Triton {info.triton_mode}"))
+    ok = True
+    try:
+        mode, why = resolve_isolation(args.isolation, device)
+        rows.append(("isolation", f"{mode} ({why})"))
+    except RuntimeError as e:
+        rows.append(("isolation", f"UNAVAILABLE: {e}"))
+        ok = False
+    rows.append(("sandbox uid", "dedicated per worker (grader is root)" if os.geteuid() == 0
+                 else "the grader's own user (process limits are per user)"))
+    try:
+        root = find_root()
+        rows.append(("course root", str(root)))
+        db = os.environ.get("PTGRADE_DB_URL") or f"sqlite:///{root}/autograder/gradebook.db"
+        rows.append(("gradebook", db.split("@")[-1] if "postgres" in db else db))
+        rows.append(("assignments", ", ".join(_assignments(root))))
+    except UsageError as e:
+        rows.append(("course root", str(e)))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:>{width}}  {v}")
+    return EXIT_OK if ok and "NOT INSTALLED" not in dict(rows)["nbgrader"] else EXIT_ENV
+
+
+def cmd_release(args) -> int:
+    root = find_root()
+    name = _check_assignment(root, args.assignment)
+    proc = _nbgrader(root, "generate_assignment", name, "--force", db_url=args.db)
+    if proc.returncode:
+        print(proc.stdout + proc.stderr, file=sys.stderr)
+        return EXIT_FAILURES
+    print(f"released {name} -> notebooks/{name}/ (registered in the gradebook)")
+    if args.exchange:
+        proc = _nbgrader(root, "release_assignment", name, "--force", db_url=args.db)
+        print(proc.stdout + proc.stderr)
+        return EXIT_FAILURES if proc.returncode else EXIT_OK
+    return EXIT_OK
+
+
+def cmd_collect(args) -> int:
+    from .classroom import SAFE_ID
+
+    root = find_root()
+    name = _check_assignment(root, args.assignment)
+    if args.exchange:
+        proc = _nbgrader(root, "collect", name, "--update", db_url=args.db)
+        print(proc.stdout + proc.stderr)
+        return EXIT_FAILURES if proc.returncode else EXIT_OK
+    if args.zips:
+        dest = root / "autograder" / "downloaded" / name / "archive"
+        dest.mkdir(parents=True, exist_ok=True)
+        for z in Path(args.zips).glob("*.zip"):
+            shutil.copy(z, dest)
+        proc = _nbgrader(root, "zip_collect", name, "--force", db_url=args.db)
+        print(proc.stdout + proc.stderr)
+        return EXIT_FAILURES if proc.returncode else EXIT_OK
+    src = Path(args.from_dir)
+    if not src.is_dir():
+        raise UsageError(f"--from {src}: not a folder (expected <folder>/<student>/<files>)")
+    submitted = root / "autograder" / "submitted"
+    n, bad = 0, []
+    for student_dir in sorted(p for p in src.iterdir() if p.is_dir()):
+        student = student_dir.name
+        if not SAFE_ID.match(student):
+            bad.append(student)
+            continue
+        dest = submitted / student / name
+        if dest.exists():  # keep what was there: nothing a student handed in is ever deleted
+            keep = submitted / "_superseded" / student / f"{name}-{int(dest.stat().st_mtime)}"
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(dest), str(keep))
+        shutil.copytree(student_dir, dest)
+        if not (dest / "timestamp.txt").exists():
+            (dest / "timestamp.txt").write_text(time.strftime("%Y-%m-%d %H:%M:%S.000000 %Z"))
+        n += 1
+    print(f"collected {n} submissions of {name} into {submitted.relative_to(root)}/<student>/{name}/")
+    for b in bad:
+        print(f"  skipped folder {b!r}: student ids may use letters, digits, _ . @ - only", file=sys.stderr)
+    return EXIT_FAILURES if bad else EXIT_OK
+
+
+def cmd_autograde(args) -> int:
+    from .classroom import Course, grade_class, shard
+
+    root = find_root()
+    name = _check_assignment(root, args.assignment)
+    course = Course(root, args.db)
+    students = args.student or course.students_with(name)
+    missing = [s for s in students if s not in course.students_with(name)]
+    if missing:
+        raise UsageError(f"no submission of {name} for: {', '.join(missing)}")
+    students = shard(students, args.shard)
+    todo = students if args.force else [s for s in students if course.needs_grading(s, name)]
+    skipped = len(students) - len(todo)
+    if skipped:
+        print(f"{skipped} submissions already graded (use --force to regrade them)")
+    if not todo:
+        print("nothing to grade")
+        return EXIT_OK
+    proc = _nbgrader(root, "db", "assignment", "add", name, db_url=args.db)  # idempotent
+    if proc.returncode:
+        print(proc.stdout + proc.stderr, file=sys.stderr)
+        return EXIT_ENV
+    if not _registered(root, name, args.db):
+        proc = _nbgrader(root, "generate_assignment", name, "--force", db_url=args.db)
+        if proc.returncode:
+            print(proc.stdout + proc.stderr, file=sys.stderr)
+            return EXIT_ENV
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else []
+    workers = args.workers or max(1, len(gpus))
+    t0 = time.perf_counter()
+    results = grade_class(course, name, todo, workers=workers, isolation=args.isolation, device=args.device,
+                          gpus=gpus, progress=not args.quiet)
+    wall = time.perf_counter() - t0
+    failed = [r for r in results if not r["success"]]
+    print(f"graded {len(results) - len(failed)} of {len(results)} submissions of {name} in {wall:.1f} s "
+          f"with {workers} worker(s)")
+    for r in failed:
+        print(f"  NOT GRADED {r['student']}: {r['error'].strip()[-300:]}", file=sys.stderr)
+    if not args.quiet:
+        from .summary import load_reports, summarize
+
+        print(summarize(load_reports(course.reports, name), name, root / "autograder" / "reports" / f"{name}-scores.png"))
+    return EXIT_FAILURES if failed else EXIT_OK
+
+
+def _registered(root: Path, name: str, db_url: str | None) -> bool:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    db = db_url or os.environ.get("PTGRADE_DB_URL") or f"sqlite:///{root}/autograder/gradebook.db"
+    with Gradebook(db) as gb:
+        try:
+            return bool(gb.find_assignment(name).notebooks)
+        except MissingEntry:
+            return False
+
+
+def cmd_feedback(args) -> int:
+    root = find_root()
+    name = _check_assignment(root, args.assignment)
+    extra = [f"--student={s}" for s in args.student or []]
+    proc = _nbgrader(root, "generate_feedback", name, "--force", *extra, db_url=args.db)
+    if proc.returncode:
+        print(proc.stdout + proc.stderr, file=sys.stderr)
+        return EXIT_FAILURES
+    print(f"feedback written to autograder/feedback/<student>/{name}/")
+    if args.exchange:
+        proc = _nbgrader(root, "release_feedback", name, db_url=args.db)
+        print(proc.stdout + proc.stderr)
+        return EXIT_FAILURES if proc.returncode else EXIT_OK
+    return EXIT_OK
+
+
+def cmd_export(args) -> int:
+    root = find_root()
+    out = Path(args.to).resolve()
+    proc = _nbgrader(root, "export", f"--to={out}", db_url=args.db)
+    if proc.returncode:
+        print(proc.stdout + proc.stderr, file=sys.stderr)
+        return EXIT_FAILURES
+    print(f"grades exported to {out}")
+    return EXIT_OK
+
+
+def cmd_summary(args) -> int:
+    from .summary import load_reports, summarize
+
+    root = find_root()
+    name = _check_assignment(root, args.assignment)
+    png = root / "autograder" / "reports" / f"{name}-scores.png"
+    print(summarize(load_reports(root / "autograder" / "reports", name), name, png))
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from .validate import validate_notebook
+
+    problems = validate_notebook(Path(args.notebook))
+    if problems:
+        print("Problems found (the grader will restore deleted or edited test cells, but check your work):")
+        for p in problems:
+            print(f"  - {p}")
+        return EXIT_FAILURES
+    print("OK: every answer cell and test cell is present, and no test cell was edited.")
+    return EXIT_OK
+
+
+# ---- parser ------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ptgrade", description=__doc__.split("\n\n")[0],
+                                epilog="Run `ptgrade <command> --help` for a command's options.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+
+    def add(name, fn, help_):
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = add("doctor", cmd_doctor, "report versions, the device and the isolation grading will use")
+    sp.add_argument("--isolation", choices=["auto", "bwrap", "process"], default="auto")
+    sp = add("release", cmd_release, "generate the student notebook and register the assignment")
+    sp.add_argument("assignment")
+    sp.add_argument("--exchange", action="store_true", help="also release to nbgrader's exchange (JupyterHub)")
+    sp.add_argument("--db", help="gradebook URL (default: sqlite file, or $PTGRADE_DB_URL)")
+    sp = add("collect", cmd_collect, "import submissions into autograder/submitted/")
+    sp.add_argument("assignment")
+    src = sp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from", dest="from_dir", help="a folder of <student>/<notebook and answers files>")
+    src.add_argument("--exchange", action="store_true", help="nbgrader collect from the exchange")
+    src.add_argument("--zips", help="a folder of LMS zip downloads (nbgrader zip_collect)")
+    sp.add_argument("--db")
+    sp = add("autograde", cmd_autograde, "grade submissions through the trusted sandbox")
+    sp.add_argument("assignment")
+    sp.add_argument("--student", action="append", help="grade only this student (repeatable)")
+    sp.add_argument("-j", "--workers", type=int, default=0, help="parallel workers (default 1, or one per GPU)")
+    sp.add_argument("--gpus", help="comma-separated GPU indices; worker k uses gpus[k %% n]")
+    sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    sp.add_argument("--isolation", choices=["auto", "bwrap", "process"], default="auto",
+                    help="bwrap refuses to grade without bubblewrap; auto falls back to a plain process")
+    sp.add_argument("--shard", help="i/N: grade every N-th submission starting at i (Slurm/Kubernetes arrays)")
+    sp.add_argument("--force", action="store_true", help="regrade submissions that are already graded")
+    sp.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    sp.add_argument("--db", help="gradebook URL, e.g. postgresql://user@host/db (default: $PTGRADE_DB_URL or sqlite)")
+    sp = add("feedback", cmd_feedback, "write HTML feedback (hidden tests removed)")
+    sp.add_argument("assignment")
+    sp.add_argument("--student", action="append")
+    sp.add_argument("--exchange", action="store_true", help="also release feedback to the exchange")
+    sp.add_argument("--db")
+    sp = add("export", cmd_export, "export the gradebook to CSV")
+    sp.add_argument("--to", default="grades.csv")
+    sp.add_argument("--db")
+    sp = add("summary", cmd_summary, "pass rates, score histogram, slowest submissions, failure categories")
+    sp.add_argument("assignment")
+    sp = add("validate", cmd_validate, "(students) check that no test cell was deleted or edited")
+    sp.add_argument("notebook")
+    return p
+
+
+def main(argv=None) -> int:
+    # nbgrader runs `alembic` (and the workers run nbgrader) from PATH: make this environment's bin first.
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "workers", 0) and args.workers < 0:
+        parser.error("--workers must be >= 1")
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        print(f"ptgrade: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as e:
+        print(f"ptgrade: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("ptgrade: interrupted; finished grades are saved, rerun to grade the rest", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

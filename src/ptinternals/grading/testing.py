@@ -1,0 +1,55 @@
+"""Helpers for testing the tests: solution cells, and banks of known-buggy implementations.
+
+Every exercise's checker must accept the solution and reject each plausible wrong implementation in
+its chapter's bank (``tests/<package>/buggy.py``). The bank holds *source code*, so the same bugs
+also drive the end-to-end autograde tests (a bug is pasted into a student notebook's answer cell).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+from .exercise import CheckFailure, check, load_chapter
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def solution_notebook(assignment: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+
+
+def answer_sources(assignment: str) -> dict[str, str]:
+    """``{grade_id: source}`` of the setup and answer cells of the solution notebook."""
+    out = {}
+    for cell in solution_notebook(assignment).cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "setup"):
+            out[meta["grade_id"]] = cell.source
+    return out
+
+
+def namespace_with(assignment: str, replace: dict[str, str] | None = None) -> dict:
+    """Execute the solution's answer cells (optionally replacing some) and return the namespace."""
+    ns: dict = {"__name__": "__main__"}
+    for gid, src in answer_sources(assignment).items():
+        if gid == "setup":
+            continue
+        exec(compile((replace or {}).get(gid, src), f"<{gid}>", "exec"), ns)
+    return ns
+
+
+def rejects(exercise_id: str, source: str, entry: str | None = None) -> CheckFailure | None:
+    """Run ``source`` (defining the entry point) against the exercise's visible and hidden cases.
+
+    Returns the CheckFailure when the checker rejects it, or None when it (wrongly) passes.
+    """
+    chapter = load_chapter(exercise_id)
+    ex = chapter.exercise(exercise_id)
+    ns = namespace_with(chapter.assignment)
+    exec(compile(source, f"<buggy {exercise_id}>", "exec"), ns)
+    try:
+        check(exercise_id, ns[entry or ex.entry], hidden=True)
+    except CheckFailure as failure:
+        return failure
+    return None

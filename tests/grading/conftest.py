@@ -1,0 +1,57 @@
+"""Fixtures for grading tests: submissions built from the chapter 1 solution notebook."""
+import copy
+import os
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ptinternals.grading.testing import ROOT, solution_notebook
+
+
+def submission(replace: dict | None = None, delete: tuple = (), student_version: bool = False):
+    """The chapter 1 notebook with some answer cells replaced (by grade_id) or deleted."""
+    if student_version:
+        nb = nbformat.read(ROOT / "notebooks" / "ch01_strides" / "ch01_strides.ipynb", as_version=4)
+    else:
+        nb = copy.deepcopy(solution_notebook("ch01_strides"))
+    cells = []
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in delete:
+            continue
+        if gid in (replace or {}):
+            cell.source = replace[gid]
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+@pytest.fixture
+def course(tmp_path):
+    """A throw-away course folder with this repository's solutions and nbgrader config."""
+    root = tmp_path / "course"
+    (root / "autograder").mkdir(parents=True)
+    shutil.copytree(ROOT / "solutions", root / "solutions")
+    shutil.copy(ROOT / "autograder" / "nbgrader_config.py", root / "autograder")
+    old = os.environ.get("PTGRADE_ROOT")
+    os.environ["PTGRADE_ROOT"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("PTGRADE_ROOT", None)
+    else:
+        os.environ["PTGRADE_ROOT"] = old
+
+
+def add_submission(root: Path, student: str, nb, answers: dict | None = None, assignment: str = "ch01_strides"):
+    import json
+
+    dest = root / "autograder" / "submitted" / student / assignment
+    dest.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, dest / f"{assignment}.ipynb")
+    (dest / "timestamp.txt").write_text("2026-11-30 12:00:00.000000 UTC")
+    if answers is not None:
+        (dest / f"{assignment}.answers.json").write_text(json.dumps(
+            {"format": 1, "chapter": assignment, "answers": {q: [{"answer": a, "at": 0}] for q, a in answers.items()}}))
+    return dest
