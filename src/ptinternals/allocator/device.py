@@ -1,0 +1,130 @@
+"""A simulated GPU memory: what ``cudaMalloc`` / ``cudaFree`` / ``cudaMemGetInfo`` do, as far as the
+caching allocator can tell.
+
+The caching allocator sees the driver only through three calls: cudaMalloc(size) either returns an
+address or fails with cudaErrorMemoryAllocation; cudaFree(ptr) gives the bytes back;
+cudaMemGetInfo() reports (free, total) for the OOM message. Physical memory is mapped in pages, so
+cudaMalloc succeeds whenever enough bytes are free in total -- the driver has no external
+fragmentation that matters here; fragmentation lives in the caching allocator's segments.
+
+Addresses come from a virtual address range with first-fit reuse (a freed range is handed out
+again, as the real driver tends to do). To replay a trace recorded on a real GPU with the real
+addresses (the allocator breaks ties between equal-size free blocks by address), pass
+``address_oracle``: the (address, size) of each recorded cudaMalloc, handed out in order per size.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import defaultdict, deque
+from collections.abc import Iterable
+
+from .config import GiB, MiB
+
+DEFAULT_BASE_ADDRESS = 0x7F0000000000  # where CUDA tends to map device memory on x86-64 Linux
+_ALIGNMENT = 2 * MiB  # cudaMalloc'd segments start on 2 MiB boundaries here
+
+
+class DeviceMemory:
+    """One GPU's memory as the driver sees it: ``capacity`` bytes, of which ``non_pytorch_bytes``
+    (CUDA context, other processes) are never available to the allocator."""
+
+    def __init__(
+        self,
+        capacity: int = 80 * GiB,
+        *,
+        non_pytorch_bytes: int = 0,
+        base_address: int = DEFAULT_BASE_ADDRESS,
+        address_oracle: Iterable[tuple[int, int]] | None = None,
+    ) -> None:
+        for name, v, lo in (
+            ("capacity", capacity, 1),
+            ("non_pytorch_bytes", non_pytorch_bytes, 0),
+            ("base_address", base_address, 0),
+        ):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+            if v < lo:
+                raise ValueError(f"{name} must be >= {lo}, got {v}")
+        if non_pytorch_bytes > capacity:
+            raise ValueError(f"non_pytorch_bytes ({non_pytorch_bytes}) exceeds capacity ({capacity})")
+        self.capacity = capacity
+        self.non_pytorch_bytes = non_pytorch_bytes
+        self.used = 0  # bytes held by live segments
+        self.base_address = base_address
+        self._live: dict[int, int] = {}  # address -> size of each live segment
+        self._starts: list[int] = []  # sorted addresses of live segments (for first fit)
+        self._oracle: dict[int, deque[int]] = defaultdict(deque)
+        self.oracle_misses: list[tuple[int, int]] = []  # (size, address) handed out off-oracle
+        if address_oracle is not None:
+            for addr, size in address_oracle:
+                self._oracle[size].append(addr)
+
+    # -- what cudaMemGetInfo reports -------------------------------------------------------
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity - self.non_pytorch_bytes - self.used
+
+    # -- cudaMalloc / cudaFree -------------------------------------------------------------
+    def malloc(self, size: int) -> int | None:
+        """cudaMalloc: an address, or None for cudaErrorMemoryAllocation."""
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"size must be a positive int, got {size!r}")
+        if size > self.free_bytes:
+            return None
+        addr = None
+        queue = self._oracle.get(size)
+        while queue:
+            cand = queue.popleft()
+            if self._is_free_range(cand, size):
+                addr = cand
+                break
+        if addr is None:
+            addr = self._first_fit(size)
+            if self._oracle:
+                self.oracle_misses.append((size, addr))
+        self._take(addr, size)
+        return addr
+
+    def malloc_at(self, address: int, size: int) -> int:
+        """cudaMalloc that must return ``address`` (to rebuild a recorded state); raises if impossible."""
+        if size > self.free_bytes:
+            raise ValueError(f"cannot map {size} bytes at {address:#x}: only {self.free_bytes} bytes free")
+        if not self._is_free_range(address, size):
+            raise ValueError(f"address range [{address:#x}, {address + size:#x}) overlaps a live segment")
+        self._take(address, size)
+        return address
+
+    def free(self, address: int) -> int:
+        """cudaFree; returns the bytes given back."""
+        size = self._live.pop(address, None)
+        if size is None:
+            raise ValueError(f"cudaFree of {address:#x}, which is not a live segment")
+        del self._starts[bisect_left(self._starts, address)]
+        self.used -= size
+        return size
+
+    # -- address space ---------------------------------------------------------------------
+    def _take(self, addr: int, size: int) -> None:
+        self._live[addr] = size
+        insort(self._starts, addr)
+        self.used += size
+
+    def _is_free_range(self, addr: int, size: int) -> bool:
+        i = bisect_left(self._starts, addr)
+        if i < len(self._starts) and self._starts[i] < addr + size:
+            return False
+        if i > 0:
+            prev = self._starts[i - 1]
+            if prev + self._live[prev] > addr:
+                return False
+        return True
+
+    def _first_fit(self, size: int) -> int:
+        cursor = self.base_address
+        for start in self._starts:
+            if start >= cursor + size:
+                break
+            cursor = max(cursor, start + self._live[start])
+            cursor = -(-cursor // _ALIGNMENT) * _ALIGNMENT
+        return cursor
