@@ -1,0 +1,65 @@
+"""Chapter 5, mixed precision (AMP).
+
+- ``formats``: fp32/tf32/bf16/fp16/fp8 layouts, ``decompose``, ``encode``/``decode`` (exercise 1)
+- ``rounding``: fp32 -> bf16/fp16 by integer ops, bit-exact vs ``tensor.to`` (exercises 2, 3)
+- ``scaler_kernels``: ``update_scale`` and the unscale/inf-check kernel (exercise 4)
+- ``grad_scaler``: ``GradScaler`` from scratch, equal to ``torch.amp.GradScaler`` (exercise 5)
+- ``trainer``: manual mixed precision with fp32 master weights (exercise 6) and its autocast reference
+- ``autocast_policy`` / ``inspector``: autocast's cast lists and a dispatch mode that shows the
+  dtype every op ran in (exercise 7: predict ``ProbeNet``'s layer dtypes)
+"""
+
+from .autocast_policy import autocast_output_dtype, autocast_policy
+from .formats import FORMATS, Decomposed, FloatFormat, decode, decompose, describe, encode, get_format
+from .grad_scaler import GradScaler, OptState
+from .inspector import (
+    AutocastDtypeMode,
+    OpRecord,
+    ProbeNet,
+    inspect_autocast,
+    layer_output_dtypes,
+    predict_probe_dtypes,
+)
+from .rounding import bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits, round_fp32
+from .scaler_kernels import amp_foreach_non_finite_check_and_unscale_, amp_update_scale_, update_scale
+from .trainer import (
+    UNDERFLOW_CONFIG,
+    MLPConfig,
+    make_regression_data,
+    reference_autocast_train_steps,
+    train_steps,
+)
+
+__all__ = [
+    "FORMATS",
+    "Decomposed",
+    "FloatFormat",
+    "decode",
+    "decompose",
+    "describe",
+    "encode",
+    "get_format",
+    "fp32_to_bf16_bits",
+    "fp32_to_fp16_bits",
+    "bf16_bits_to_fp32",
+    "fp16_bits_to_fp32",
+    "round_fp32",
+    "update_scale",
+    "amp_update_scale_",
+    "amp_foreach_non_finite_check_and_unscale_",
+    "GradScaler",
+    "OptState",
+    "MLPConfig",
+    "UNDERFLOW_CONFIG",
+    "make_regression_data",
+    "train_steps",
+    "reference_autocast_train_steps",
+    "autocast_policy",
+    "autocast_output_dtype",
+    "AutocastDtypeMode",
+    "OpRecord",
+    "ProbeNet",
+    "inspect_autocast",
+    "layer_output_dtypes",
+    "predict_probe_dtypes",
+]

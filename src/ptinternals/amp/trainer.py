@@ -1,0 +1,292 @@
+"""Mixed-precision training by hand: fp32 master weights, low-precision compute copies, loss scaling.
+
+What ``torch.autocast`` + ``GradScaler`` do, written out (the "O2" recipe of NVIDIA Apex):
+
+    master weights   fp32, owned by the optimizer          4 B/param (+ optimizer state)
+    compute copies   bf16/fp16 casts made each forward      2 B/param, thrown away after backward
+    forward          matmuls on low-precision copies; the loss in fp32 (like autocast's fp32 list)
+    backward         grads of the copies are low precision; cast them to fp32 and ADD them into
+                     the masters' ``.grad`` (so accumulation over micro-batches happens in fp32)
+    step             unscale (grad / S) -> clip the true gradient -> skip if inf/NaN -> optimizer
+                     step on fp32 masters -> update S
+
+Why masters in fp32: an update ``lr * g`` is often below half an ulp of the weight (bf16 has 8
+significant bits: 1.0 + 2**-9 == 1.0), so a low-precision weight would never move.
+
+This is bit-for-bit the same arithmetic autocast performs for the provided MLP (autocast casts
+``x``, ``W`` and ``b`` for ``linear``, runs relu in the input dtype, casts to fp32 for
+``mse_loss``, and the weights' ``.grad`` is the low-precision grad cast back by ``_to_copy``'s
+backward), so ``train_steps`` and ``reference_autocast_train_steps`` agree closely; tests allow a
+small tolerance on the losses and require identical skipped steps.
+
+The provided setting where fp16 without a scaler fails: ``MLPConfig.loss_weight = 2**-20`` stands
+for what makes real gradients tiny (a loss averaged over millions of tokens, a small auxiliary-loss
+coefficient, late training with small residuals). dloss/dy is about residual * 2**-27 < 2**-25, so
+it rounds to 0 in fp16, every weight gradient is exactly 0, and Adam does not move. With a scale
+of 2**16 the same gradients are about residual * 2**-11: fine. bf16 (fp32's exponent range) does not
+need the scaler at all. Keep CPU runs tiny: bf16/fp16 matmuls are 12-18x slower than fp32 there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+_LOW = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """A 2-layer MLP regression: (B, d_in) -> Linear -> ReLU -> Linear -> (B, d_out), MSE loss."""
+
+    d_in: int = 16
+    d_hidden: int = 32
+    d_out: int = 8
+    seed: int = 0
+    loss_weight: float = 1.0  # multiplies the mse loss; 2**-20 makes fp16 gradients underflow
+
+    def __post_init__(self):
+        for name in ("d_in", "d_hidden", "d_out"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if not isinstance(self.loss_weight, (int, float)) or not (
+            math.isfinite(self.loss_weight) and self.loss_weight > 0
+        ):
+            raise ValueError(f"loss_weight must be a finite float > 0, got {self.loss_weight!r}")
+
+
+UNDERFLOW_CONFIG = MLPConfig(loss_weight=2.0**-20)
+
+
+def init_mlp_params(cfg: MLPConfig, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """fp32 master weights: w1 (d_hidden, d_in), b1 (d_hidden,), w2 (d_out, d_hidden), b2 (d_out,)."""
+    if not isinstance(cfg, MLPConfig):
+        raise TypeError(f"cfg must be an MLPConfig, got {type(cfg).__name__}")
+    g = torch.Generator().manual_seed(cfg.seed)
+
+    def uniform(shape, fan_in):  # nn.Linear's default init range, +-1/sqrt(fan_in)
+        bound = 1.0 / math.sqrt(fan_in)
+        return ((torch.rand(shape, generator=g) * 2 - 1) * bound).to(device)
+
+    return {
+        "w1": uniform((cfg.d_hidden, cfg.d_in), cfg.d_in),
+        "b1": uniform((cfg.d_hidden,), cfg.d_in),
+        "w2": uniform((cfg.d_out, cfg.d_hidden), cfg.d_hidden),
+        "b2": uniform((cfg.d_out,), cfg.d_hidden),
+    }
+
+
+def mlp_forward(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """(B, d_in) -> (B, d_out) in whatever dtype ``params`` and ``x`` have (they must agree)."""
+    h = F.relu(F.linear(x, params["w1"], params["b1"]))  # (B, d_hidden)
+    return F.linear(h, params["w2"], params["b2"])  # (B, d_out)
+
+
+class MLP(torch.nn.Module):
+    """The same network as an nn.Module, for the autocast reference run."""
+
+    def __init__(self, params: dict[str, torch.Tensor]):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(params["w1"].shape[1], params["w1"].shape[0])
+        self.fc2 = torch.nn.Linear(params["w2"].shape[1], params["w2"].shape[0])
+        with torch.no_grad():
+            for lin, w, b in ((self.fc1, "w1", "b1"), (self.fc2, "w2", "b2")):
+                lin.weight.copy_(params[w])
+                lin.bias.copy_(params[b])
+        self.to(params["w1"].device)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def make_regression_data(
+    cfg: MLPConfig, n_batches: int = 4, batch_size: int = 32, seed: int = 1, device: str = "cpu"
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n_batches`` of (x (B, d_in) fp32, y (B, d_out) fp32) from a random "teacher" MLP plus noise."""
+    if not isinstance(cfg, MLPConfig):
+        raise TypeError(f"cfg must be an MLPConfig, got {type(cfg).__name__}")
+    for name, v in (("n_batches", n_batches), ("batch_size", batch_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    g = torch.Generator().manual_seed(seed)
+    teacher = init_mlp_params(MLPConfig(cfg.d_in, cfg.d_hidden, cfg.d_out, seed=seed + 1000))
+    data = []
+    for _ in range(n_batches):
+        x = torch.randn(batch_size, cfg.d_in, generator=g)
+        y = 3.0 * mlp_forward(teacher, x) + 0.01 * torch.randn(batch_size, cfg.d_out, generator=g)
+        data.append((x.to(device), y.to(device)))
+    return data
+
+
+def _make_optimizer(params, optimizer: str, lr: float):
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, eps=1e-12)  # small eps: tiny true gradients still move
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
+
+
+def _check_args(cfg, data, steps, dtype, clip, accum, lr):
+    if not isinstance(cfg, MLPConfig):
+        raise TypeError(f"cfg must be an MLPConfig, got {type(cfg).__name__}")
+    if not isinstance(data, (list, tuple)) or len(data) == 0:
+        raise ValueError("data must be a non-empty list of (x, y) tensor pairs")
+    for i, pair in enumerate(data):
+        if not (
+            isinstance(pair, (list, tuple))
+            and len(pair) == 2
+            and all(isinstance(t, torch.Tensor) for t in pair)
+        ):
+            raise TypeError(f"data[{i}] must be an (x, y) pair of tensors")
+        x, y = pair
+        if x.dim() != 2 or x.shape[1] != cfg.d_in or y.shape != (x.shape[0], cfg.d_out):
+            raise ValueError(
+                f"data[{i}] must be x (B, {cfg.d_in}) and y (B, {cfg.d_out}), "
+                f"got {tuple(x.shape)} and {tuple(y.shape)}"
+            )
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+    if dtype not in _LOW:
+        raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, got {dtype!r}")
+    if clip is not None and not (isinstance(clip, (int, float)) and clip > 0):
+        raise ValueError(f"clip must be None or a float > 0, got {clip!r}")
+    if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
+        raise ValueError(f"accum must be an int >= 1, got {accum!r}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a float > 0, got {lr!r}")
+
+
+def _finish_step(scaler, optimizer, masters, clip) -> tuple[bool, float]:
+    """unscale -> clip -> (maybe) step -> update. Returns (skipped, unscaled grad norm before clipping)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # grads are now true gradients; found_inf recorded
+    if clip is not None:
+        norm = torch.nn.utils.clip_grad_norm_(masters, clip)  # clip AFTER unscale_, never before
+    else:
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in masters]))
+    if scaler is None:
+        optimizer.step()
+        return False, float(norm)
+    skipped = bool(sum(v.item() for v in scaler._found_inf_per_device(optimizer).values()))
+    scaler.step(optimizer)  # skips optimizer.step() when found_inf
+    scaler.update()
+    return skipped, float(norm)
+
+
+def train_steps(
+    cfg: MLPConfig,
+    data,
+    steps: int,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    scaler=None,
+    clip: float | None = None,
+    accum: int = 1,
+    lr: float = 1e-2,
+    optimizer: str = "adam",
+    master_weights: bool = True,
+) -> dict:
+    """Train the MLP for ``steps`` optimizer steps with manual mixed precision (no autocast).
+
+    Micro-batch ``k`` of step ``s`` is ``data[(s * accum + k) % len(data)]``; each micro-batch loss is
+    divided by ``accum`` before scaling. ``scaler`` is None or a GradScaler (this package's or
+    torch's). ``master_weights=False`` is the counter-example: the weights themselves live in
+    ``dtype`` and the optimizer updates them there (small updates round away; a GradScaler refuses
+    the fp16 gradients, as torch's does). Returns plain data: ``losses`` (mean unscaled loss per
+    step), ``skipped_steps``, ``scales`` (scale used at each step), ``grad_norms`` (unscaled, before
+    clipping), ``zero_grad_fraction`` (share of gradient elements exactly 0) and ``final_params``
+    (float32).
+    """
+    _check_args(cfg, data, steps, dtype, clip, accum, lr)
+    device = data[0][0].device
+    init = init_mlp_params(cfg, device=str(device))
+    if master_weights:
+        weights = init  # fp32 master weights, 4 B/param, owned by the optimizer
+    else:
+        weights = {n: p.to(dtype) for n, p in init.items()}  # the only copy, 2 B/param
+    for p in weights.values():
+        p.requires_grad_(True)
+    params = list(weights.values())
+    opt = _make_optimizer(params, optimizer, lr)
+    out = {"losses": [], "skipped_steps": [], "scales": [], "grad_norms": [], "zero_grad_fraction": []}
+    for step in range(steps):
+        out["scales"].append(scaler.get_scale() if scaler is not None else 1.0)
+        for p in params:
+            p.grad = None
+        total = 0.0
+        for k in range(accum):
+            x, y = data[(step * accum + k) % len(data)]
+            if master_weights:
+                # the weight cast: fresh low-precision leaves each micro-batch, 2 B/param for fp16/bf16
+                compute = {n: p.detach().to(dtype).requires_grad_(True) for n, p in weights.items()}
+            else:
+                compute = weights
+            pred = mlp_forward(compute, x.to(dtype))  # (B, d_out) in dtype
+            loss = F.mse_loss(pred.float(), y.float()) * cfg.loss_weight  # fp32 loss, like autocast
+            total += float(loss.detach())
+            micro = loss / accum
+            (scaler.scale(micro) if scaler is not None else micro).backward()
+            if master_weights:
+                with torch.no_grad():  # low-precision grads -> fp32, accumulated in the masters
+                    for n, p in weights.items():
+                        g32 = compute[n].grad.float()
+                        p.grad = g32 if p.grad is None else p.grad + g32
+        n_zero = sum(int((p.grad == 0).sum()) for p in params)
+        out["zero_grad_fraction"].append(n_zero / sum(p.numel() for p in params))
+        skipped, norm = _finish_step(scaler, opt, params, clip)
+        out["losses"].append(total / accum)
+        out["grad_norms"].append(norm)
+        if skipped:
+            out["skipped_steps"].append(step)
+    out["final_params"] = {n: p.detach().float().clone() for n, p in weights.items()}
+    return out
+
+
+def reference_autocast_train_steps(
+    cfg: MLPConfig,
+    data,
+    steps: int,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    scaler=None,
+    clip: float | None = None,
+    accum: int = 1,
+    lr: float = 1e-2,
+    optimizer: str = "adam",
+) -> dict:
+    """The same training with ``torch.autocast`` and (optionally) a GradScaler: the grader's reference."""
+    _check_args(cfg, data, steps, dtype, clip, accum, lr)
+    device = data[0][0].device
+    model = MLP(init_mlp_params(cfg, device=str(device)))
+    params = [model.fc1.weight, model.fc1.bias, model.fc2.weight, model.fc2.bias]
+    opt = _make_optimizer(params, optimizer, lr)
+    out = {"losses": [], "skipped_steps": [], "scales": [], "grad_norms": [], "zero_grad_fraction": []}
+    for step in range(steps):
+        out["scales"].append(scaler.get_scale() if scaler is not None else 1.0)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for k in range(accum):
+            x, y = data[(step * accum + k) % len(data)]
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = F.mse_loss(model(x), y) * cfg.loss_weight  # mse_loss is on autocast's fp32 list
+            total += float(loss.detach())
+            micro = loss / accum
+            (scaler.scale(micro) if scaler is not None else micro).backward()
+        n_zero = sum(int((p.grad == 0).sum()) for p in params)
+        out["zero_grad_fraction"].append(n_zero / sum(p.numel() for p in params))
+        skipped, norm = _finish_step(scaler, opt, params, clip)
+        out["losses"].append(total / accum)
+        out["grad_norms"].append(norm)
+        if skipped:
+            out["skipped_steps"].append(step)
+    out["final_params"] = {
+        "w1": model.fc1.weight.detach().clone(),
+        "b1": model.fc1.bias.detach().clone(),
+        "w2": model.fc2.weight.detach().clone(),
+        "b2": model.fc2.bias.detach().clone(),
+    }
+    return out
