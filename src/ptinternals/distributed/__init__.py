@@ -1,0 +1,38 @@
+"""Chapter 6, data parallelism: collectives, DDP, ZeRO and FSDP built from torch.distributed primitives.
+
+Modules (each names the PyTorch source it mirrors):
+
+- :mod:`.launch`     ``run_ranks``: spawn N ranks, run a function, never hang (names the stuck collective)
+- :mod:`.ring`       ``ring_all_reduce`` from send/recv, its schedule and cost model
+- :mod:`.buckets`    ``compute_bucket_assignment_by_size`` (reducer.cpp)
+- :mod:`.naive_ddp`  ``NaiveDDP``: one async all-reduce per parameter, fired by a grad hook
+- :mod:`.ddp`        ``DistributedDataParallel``: buckets, overlap, ``no_sync``, ``find_unused_parameters``
+- :mod:`.zero`       ``ZeroRedundancyAdamW``: ZeRO-1, optimizer state sharded
+- :mod:`.fsdp`       ``FullyShardedDataParallel``: ZeRO-3, parameters sharded, gathered per unit
+- :mod:`.train_ddp`  a torchrun script that trains with DDP and resumes from a checkpoint
+"""
+from .buckets import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, compute_bucket_assignment_by_size
+from .ddp import Bucket, DistributedDataParallel
+from .fsdp import FlatParamHandle, FullyShardedDataParallel
+from .launch import (
+    RankError,
+    RankFailedError,
+    RankTimeoutError,
+    default_backend,
+    find_free_port,
+    rank_device,
+    read_last_collective,
+    run_ranks,
+)
+from .naive_ddp import NaiveDDP, broadcast_module_states
+from .ring import chunk_bounds, ring_all_reduce, ring_bytes_sent_per_rank, ring_contributions, ring_schedule
+from .zero import ZeroRedundancyAdamW, shard_bounds
+
+__all__ = [
+    "DEFAULT_BUCKET_CAP_MB", "DEFAULT_FIRST_BUCKET_BYTES", "compute_bucket_assignment_by_size",
+    "Bucket", "DistributedDataParallel", "FlatParamHandle", "FullyShardedDataParallel",
+    "RankError", "RankFailedError", "RankTimeoutError", "default_backend", "find_free_port", "rank_device",
+    "read_last_collective", "run_ranks", "NaiveDDP", "broadcast_module_states",
+    "chunk_bounds", "ring_all_reduce", "ring_bytes_sent_per_rank", "ring_contributions", "ring_schedule",
+    "ZeroRedundancyAdamW", "shard_bounds",
+]

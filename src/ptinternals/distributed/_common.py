@@ -1,0 +1,38 @@
+"""Checks shared by the chapter's modules: is there a process group, and who am I in it."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def group_rank_and_size(group, who: str) -> tuple[int, int]:
+    """(rank in ``group``, size of ``group``); raises naming ``who`` when there is no process group."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{who} needs an initialised process group: call dist.init_process_group "
+                           f"first (torchrun or ptinternals.distributed.run_ranks does it for you)")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"{who}: this process (global rank {dist.get_rank()}) is not a member of group")
+    return rank, dist.get_world_size(group)
+
+
+def global_rank(group, group_rank: int) -> int:
+    """The global rank of ``group_rank`` in ``group`` (P2P ops and broadcast ``src`` take global ranks)."""
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+# torch 2.13 renamed the flat-buffer collectives (all_gather_into_tensor -> all_gather_single,
+# reduce_scatter_tensor -> reduce_scatter_single) and deprecates the old names; torch 2.11 has only
+# the old ones. Same signature, same collective.
+def all_gather_flat(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
+    """(S,) on every rank -> (N*S,) on every rank, rank r's input at [r*S, (r+1)*S)."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_flat(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
+    """(N*S,) on every rank -> (S,) on rank r: the sum over ranks of input[r*S:(r+1)*S]."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, group=group, async_op=async_op)
