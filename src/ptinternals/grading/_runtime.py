@@ -390,6 +390,12 @@ def main(job_dir: str, out_dir: str) -> int:
         signal.setitimer(signal.ITIMER_REAL, float(job.get("cell_timeout_s", 30)))
         try:
             source = strip_magics(cell["source"])
+            import linecache
+
+            # Register the source, as IPython does for notebook cells: tracebacks show lines, and
+            # tools that read their function's source (triton.jit, inspect.getsource) work.
+            filename = f"<cell {cell['id']}>"
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
             if cell.get("tolerant"):
                 # The course's own locked cells (imports of notebook-only helpers such as quizzes and
                 # figures, which do not exist here): run statement by statement, keep going on errors.

@@ -132,7 +132,7 @@ class Chapter:
     exercises: list[Exercise]
     setup_cells: tuple[str, ...] = ("setup",)  # grade_ids of locked cells run before the answers
     quiz_grade_id: str | None = "quiz"
-    allowed_modules: tuple[str, ...] = ()  # extra ptinternals modules graded code may import
+    sandbox_files: tuple[str, ...] = ()  # scaffolding modules graded code may import, e.g. "autograd/scaffold.py"
 
     def exercise(self, exercise_id: str) -> Exercise:
         for ex in self.exercises:

@@ -100,10 +100,15 @@ class SandboxConfig:
 # ================================================================================================
 # What the sandbox can see
 # ================================================================================================
-def build_site(dest: Path) -> list[str]:
-    """Copy the allowed modules into ``dest/ptinternals``; return their module names."""
+def build_site(dest: Path, extra_files: tuple[str, ...] = ()) -> list[str]:
+    """Copy the allowed modules into ``dest/ptinternals``; return their module names.
+
+    ``extra_files`` are a chapter's scaffolding modules (``Chapter.sandbox_files``, e.g.
+    ``"autograd/scaffold.py"``): code the exercises build on that is not a solution. Their chapter
+    package becomes a namespace package without its ``__init__`` (which imports the reference).
+    """
     names = []
-    for pattern in ALLOWED_FILES:
+    for pattern in (*ALLOWED_FILES, *extra_files):
         for src in sorted(PACKAGE_ROOT.glob(pattern)):
             rel = src.relative_to(PACKAGE_ROOT)
             target = dest / "ptinternals" / rel
@@ -113,6 +118,7 @@ def build_site(dest: Path) -> list[str]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             names.append(".".join(parts))
+            names += [".".join(parts[:k]) for k in range(1, len(parts))]  # parent packages
     return sorted(set(names))
 
 
@@ -275,7 +281,7 @@ def _overstayed(progress: Path) -> bool:
         return False
 
 
-def run_job(job: dict, input_arrays: dict, config: SandboxConfig) -> SandboxResult:
+def run_job(job: dict, input_arrays: dict, config: SandboxConfig, extra_files: tuple[str, ...] = ()) -> SandboxResult:
     """Write ``job`` and its arrays, start the runtime in the sandbox, wait (with limits), return."""
     import numpy as np
 
@@ -285,7 +291,7 @@ def run_job(job: dict, input_arrays: dict, config: SandboxConfig) -> SandboxResu
     job_dir, out_dir, site_dir = root / "job", root / "out", root / "site"
     for d in (job_dir, out_dir, site_dir):
         d.mkdir()
-    allowed = build_site(site_dir)
+    allowed = build_site(site_dir, extra_files)
     uid = _sandbox_uid(config.worker)
     inside = mode == "bwrap"
     job = dict(job, format=1, input_arrays=sorted(input_arrays),

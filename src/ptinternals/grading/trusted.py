@@ -137,7 +137,7 @@ def cases_and_expected(ex: Exercise) -> tuple[list, list]:
 
 
 def run_exercises(cells: list[dict], exercises: list[Exercise], config: SandboxConfig, report: NotebookReport,
-                  cell_timeout_s: float = 30.0) -> dict[str, Outcome]:
+                  cell_timeout_s: float = 30.0, extra_files: tuple[str, ...] = ()) -> dict[str, Outcome]:
     """Run ``exercises`` (one forbid-group) through the sandbox, retrying around crashes."""
     forbid = sorted({m for ex in exercises for m in ex.forbid})
     cases = {ex.id: cases_and_expected(ex)[0] for ex in exercises}
@@ -161,7 +161,7 @@ def run_exercises(cells: list[dict], exercises: list[Exercise], config: SandboxC
         job = {"cells": cells, "exercises": [j for j in job_exercises if j["id"] in {e.id for e in todo}],
                "skip_cells": skip_cells, "forbid": forbid, "cell_timeout_s": cell_timeout_s,
                "forbid_context": "this exercise"}
-        result = run_job(job, arrays, config)
+        result = run_job(job, arrays, config, extra_files)
         report.sandbox_runs += 1
         report.isolation = result.isolation
         try:
@@ -245,7 +245,7 @@ def grade_notebook(nb, chapter: Chapter, folder: str | Path, config: SandboxConf
         groups.setdefault(tuple(sorted(ex.forbid)), []).append(ex)
     outcomes: dict[str, Outcome] = {}
     for group in groups.values():
-        outcomes.update(run_exercises(cells, group, config, report, cell_timeout_s))
+        outcomes.update(run_exercises(cells, group, config, report, cell_timeout_s, chapter.sandbox_files))
     for ex in exercises:
         o = outcomes[ex.id]
         message = o.message
