@@ -28,20 +28,41 @@ def submission(replace: dict | None = None, delete: tuple = (), student_version:
     return nb
 
 
-@pytest.fixture
-def course(tmp_path):
+def make_course(root: Path) -> Path:
     """A throw-away course folder with this repository's solutions and nbgrader config."""
-    root = tmp_path / "course"
     (root / "autograder").mkdir(parents=True)
     shutil.copytree(ROOT / "solutions", root / "solutions")
     shutil.copy(ROOT / "autograder" / "nbgrader_config.py", root / "autograder")
-    old = os.environ.get("PTGRADE_ROOT")
-    os.environ["PTGRADE_ROOT"] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop("PTGRADE_ROOT", None)
-    else:
-        os.environ["PTGRADE_ROOT"] = old
+    return root
+
+
+class _Root:
+    """Point ptgrade at a course folder (PTGRADE_ROOT) for the duration of a fixture."""
+
+    def __init__(self, root):
+        self.root, self.old = root, os.environ.get("PTGRADE_ROOT")
+
+    def __enter__(self):
+        os.environ["PTGRADE_ROOT"] = str(self.root)
+        return self.root
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("PTGRADE_ROOT", None)
+        else:
+            os.environ["PTGRADE_ROOT"] = self.old
+
+
+@pytest.fixture
+def course(tmp_path):
+    with _Root(make_course(tmp_path / "course")) as root:
+        yield root
+
+
+@pytest.fixture(scope="module")
+def module_course(tmp_path_factory):
+    with _Root(make_course(tmp_path_factory.mktemp("course") / "course")) as root:
+        yield root
 
 
 def add_submission(root: Path, student: str, nb, answers: dict | None = None, assignment: str = "ch01_strides"):

@@ -347,6 +347,8 @@ def main(job_dir: str, out_dir: str) -> int:
     sys.meta_path.insert(0, _Blocker(job.get("blocked_modules", []), job.get("allowed_modules", []),
                                      "{name} is not available while grading: graded code must not call the "
                                      "course's reference implementation"))
+    import numpy as _np_in  # the harness reads inputs with numpy even when student code may not use it
+
     for name in job.get("forbid", []):
         for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[mod]
@@ -361,7 +363,6 @@ def main(job_dir: str, out_dir: str) -> int:
     _np_save = sys.modules["numpy"].save if "numpy" in sys.modules and not isinstance(sys.modules["numpy"], _Forbidden) else None
 
     arrays_in = {}
-    import numpy as _np_in  # numpy is needed to read inputs even when student code may not use it
 
     for name in job.get("input_arrays", []):
         arrays_in[name] = _np_in.load(os.path.join(job_dir, name + ".npy"), allow_pickle=False)

@@ -56,7 +56,8 @@ class RestoreDeletedCells(_CoursePreprocessor):
         if source is None:
             return nb, resources
         present = {_gid(c) for c in nb.cells}
-        events = resources.setdefault(EVENTS_KEY, [])
+        # Kept in the notebook's metadata: the autograde pass (a separate nbconvert run) reads it back.
+        events = nb.metadata.setdefault(EVENTS_KEY, [])
         last_index = -1  # position in nb after which the next restored cell goes
         for src in source.cells:
             gid = _gid(src)
@@ -90,7 +91,7 @@ class TrustedGrade(_CoursePreprocessor):
 
         info = resources["nbgrader"]
         folder = resources.get("metadata", {}).get("path") or "."
-        events = resources.setdefault(EVENTS_KEY, [])
+        events = list(nb.metadata.pop(EVENTS_KEY, []))
         try:
             chapter = load_chapter(info["assignment"])
         except (KeyError, ImportError) as e:

@@ -155,6 +155,13 @@ class StaticQuiz:
         encoded = base64.b64encode(json.dumps(self._jupyterquiz_questions()).encode()).decode()
         prefix, static, url = load_questions_script("#" + data_id, div_id)
         script = build_script(prefix, static, url, div_id, True)
+        # jupyterquiz loads MathJax from a CDN when the page has none: use the book's own copy instead,
+        # found through the page's data-content_root (Sphinx writes it), so the book works offline.
+        script = script.replace("'https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js'",
+                                "(document.documentElement.dataset.content_root || '') + "
+                                "'_static/vendor/mathjax/tex-chtml.js'")
+        if "cdn.jsdelivr.net" in script:
+            raise RuntimeError("jupyterquiz's script refers to a CDN the book does not serve; update StaticQuiz")
         colors = {"--jq-multiple-choice-bg": "#2e4a7d", "--jq-many-choice-bg": "#7d4a2e", "--jq-string-bg": "#2e6b4a",
                   "--jq-numeric-bg": "#2e6b4a", "--jq-mc-button-bg": "#fafafa", "--jq-mc-button-border": "#e0e0e0e0",
                   "--jq-mc-button-inset-shadow": "#555555", "--jq-numeric-input-bg": "#c0c0c0",

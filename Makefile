@@ -1,0 +1,40 @@
+# The course's commands. The first two are the README's: each creates .venv and installs what it needs.
+#   make book   build the static book into _build/html (offline-ready)
+#   make test   run the whole test suite (what CI runs)
+PY := .venv/bin/python
+export PTINTERNALS_REPO := $(CURDIR)
+
+.PHONY: book test venv lab notebooks check-notebooks bench gpu-check gpu-check-dry clean
+
+book: venv
+	PTINTERNALS_STATIC_BOOK=1 .venv/bin/jupyter-book build . --warningiserror --nitpick --keep-going --quiet
+	@echo "book built: open _build/html/index.html"
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider
+
+venv:
+	@scripts/bootstrap.sh
+
+# For students: JupyterLab on the chapter notebooks (quiz answers are saved beside each notebook).
+lab: venv
+	cd notebooks && ../.venv/bin/jupyter lab
+
+# For authors: regenerate solutions/*/ notebooks, student notebooks and quiz banks from their sources.
+notebooks: venv
+	$(PY) scripts/build_notebooks.py
+
+check-notebooks: venv
+	$(PY) scripts/build_notebooks.py --check
+
+bench: venv
+	$(PY) bench/run.py
+
+gpu-check:
+	autograder/gpu_check.sh
+
+gpu-check-dry: venv
+	autograder/gpu_check.sh --dry-run
+
+clean:
+	rm -rf _build

@@ -1,0 +1,732 @@
+"""Chapter 6 probes (sandbox side): run the student's distributed code in real ranks, and never hang.
+
+Every multi-rank exercise is checked the same way: :func:`spawn` forks ``world_size`` ranks from the
+process that holds the student's code (fork, not spawn: the student's classes were defined by
+``exec`` and exist only in this process's memory), each rank joins a gloo process group
+(``FileStore`` rendezvous in a scratch folder, loopback TCP), runs a *body* (one of the ``_body_*``
+functions below: build a model, call the student's class, run a few steps) and sends plain data back
+through a pipe. The grade is computed elsewhere, from that data.
+
+Distributed code fails by hanging. Inside each rank every ``torch.distributed`` call is wrapped to
+record, in a small shared-memory slot, the call it is in ("recv #4 (src=0, tensor[3] float32)").
+When the ranks overstay their deadline the parent asks each stuck rank for its Python stack
+(``faulthandler`` on SIGUSR1), kills every rank, and raises :class:`RankHangError` naming the rank,
+the call it is stuck in, and the line of the student's code. A rank that raises or dies stops the
+others at once (:class:`RankCrashError`). A hang is remembered per entry point, so the remaining
+cases of the same exercise fail at once instead of each waiting for the deadline.
+
+This module imports only the standard library and torch; it holds no solution: the bodies drive the
+student's code and measure, they implement none of the chapter's mechanisms.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import io
+import json
+import math
+import mmap
+import os
+import pickle
+import select
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+import weakref
+
+DEADLINE_S = 12.0  # per spawn: the bodies finish in well under a second on a laptop
+SLOT = 4096  # bytes of shared memory per rank for "the call I am in"
+_HUNG: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # entry -> message of its last hang
+
+# The torch.distributed entry points recorded in each rank (the ones the chapter's code may call).
+TRACED = (
+    "init_process_group", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "reduce", "gather", "scatter",
+    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+)
+GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")  # their outputs are tracked (FSDP)
+P2P_SEND, P2P_RECV = ("send", "isend"), ("recv", "irecv")
+
+
+class RankHangError(TimeoutError):
+    """The ranks did not finish before the deadline (every rank was killed)."""
+
+
+class RankCrashError(RuntimeError):
+    """A rank raised an exception or died (every rank was killed)."""
+
+
+# ================================================================================================
+# Inside a rank: what it is doing, for the parent to read
+# ================================================================================================
+def _describe(args, kwargs) -> str:
+    import torch
+
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return f"tensor{list(a.shape)} {str(a.dtype).replace('torch.', '')}"
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return f"{len(a)} tensors of {list(a[0].shape)}"
+        if isinstance(a, (list, tuple)) and a and hasattr(a[0], "op") and hasattr(a[0], "tensor"):
+            return ", ".join(f"{getattr(o.op, '__name__', '?')}(peer {o.peer}, {list(o.tensor.shape)})" for o in a)
+    return ""
+
+
+def _peer(name, args, kwargs):
+    for key in ("dst", "group_dst", "src", "group_src"):
+        if kwargs.get(key) is not None:
+            return int(kwargs[key])
+    if len(args) > 1 and isinstance(args[1], int):
+        return args[1]
+    return None
+
+
+class Trace:
+    """The rank-side record: every torch.distributed call, the probe's own marks, gathered buffers."""
+
+    def __init__(self, slot: mmap.mmap, rank: int):
+        self.slot, self.rank = slot, rank
+        self.seq = 0
+        self.depth = 0
+        self.events: list[tuple] = []  # (kind, name, info, time); kind "call" (outermost), "p2p", "mark"
+        self.gathered: list = []  # (StorageWeakRef, nbytes) of every all-gather output
+        self.peak_gathered = 0
+        self.t0 = time.perf_counter()
+
+    def _write(self, state: dict) -> None:
+        data = json.dumps(state).encode()[: SLOT - 8]
+        self.slot.seek(0)
+        self.slot.write(len(data).to_bytes(4, "little") + data)
+
+    def mark(self, name: str, info=None) -> None:
+        self.events.append(("mark", name, info, time.perf_counter() - self.t0))
+
+    def calls(self, since: int = 0) -> list[str]:
+        return [e[1] for e in self.events[since:] if e[0] == "call"]
+
+    def live_gathered_bytes(self) -> int:
+        self.gathered = [(ref, nb) for ref, nb in self.gathered if not ref.expired()]
+        return sum(nb for _, nb in self.gathered)
+
+    def sample(self) -> None:
+        self.peak_gathered = max(self.peak_gathered, self.live_gathered_bytes())
+
+    def wrap(self, name: str, original):
+        trace = self
+
+        @functools.wraps(original)
+        def traced(*args, **kwargs):
+            outer = trace.depth == 0
+            if outer:
+                trace.seq += 1
+                detail = _describe(args, kwargs)
+                info = {"async": bool(kwargs.get("async_op", False)), "detail": detail,
+                        "numel": _numel_of(args[0]) if args else 0}
+                trace.events.append(("call", name, info, time.perf_counter() - trace.t0))
+                trace._write({"seq": trace.seq, "name": name, "detail": detail, "in": True, "t": time.time()})
+                trace.sample()
+            if name in P2P_SEND + P2P_RECV:
+                trace.events.append(("p2p", name, {"peer": _peer(name, args, kwargs),
+                                                   "numel": _numel_of(args[0]) if args else 0},
+                                     time.perf_counter() - trace.t0))
+            trace.depth += 1
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                trace.depth -= 1
+            if name in GATHERS and args:
+                _track(trace, args[0])
+            if outer:
+                trace.sample()
+                trace._write({"seq": trace.seq, "name": name, "detail": detail, "in": False, "t": time.time()})
+            return out
+
+        traced.__ptinternals_original__ = original
+        return traced
+
+
+def _numel_of(x) -> int:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.numel()
+    if isinstance(x, (list, tuple)):
+        return sum(t.numel() for t in x if isinstance(t, torch.Tensor))
+    return 0
+
+
+def _track(trace: Trace, out) -> None:
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    tensors = [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        storage = t.untyped_storage()
+        trace.gathered.append((StorageWeakRef(storage), storage.nbytes()))
+
+
+def _install_trace(trace: Trace, namespaces) -> None:
+    """Wrap the torch.distributed functions in this (forked) rank: the module attributes, and any name
+    in the student's namespace that was bound to one of them before the fork."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    originals = {}
+    for name in TRACED:
+        fn = getattr(c10d, name, None) or getattr(dist, name, None)
+        if fn is None:
+            continue
+        fn = getattr(fn, "__ptinternals_original__", fn)
+        originals[id(fn)] = trace.wrap(name, fn)
+        for module in (dist, c10d):
+            if hasattr(module, name):
+                setattr(module, name, originals[id(fn)])
+    for ns in namespaces:
+        for key, value in list(ns.items()):
+            if callable(value) and id(value) in originals:
+                ns[key] = originals[id(value)]
+
+
+def _student_namespaces(entry) -> list[dict]:
+    out = []
+    for obj in (entry, getattr(entry, "__init__", None)):
+        g = getattr(obj, "__globals__", None)
+        if isinstance(g, dict) and all(g is not o for o in out):
+            out.append(g)
+    return out
+
+
+def _student_frames(tb, limit: int = 4) -> str:
+    """The frames of a traceback that are the student's code (not torch, not this probe)."""
+    here = os.path.abspath(__file__)
+    frames = [f for f in traceback.extract_tb(tb)
+              if os.path.abspath(f.filename) != here and "site-packages" not in f.filename
+              and "/torch/" not in f.filename and "/lib/python" not in f.filename]
+    lines = [f"{f.filename} line {f.lineno}, in {f.name}: {(f.line or '').strip()}" for f in frames[-limit:]]
+    return "\n".join("      " + ln for ln in lines)
+
+
+def _rank_main(rank, world_size, body, entry, store_path, slot, result_w, release_r, dump_path, init,
+               deadline_s, env):
+    """The child: join the group, run ``body``, send ``("ok", data)`` or what went wrong."""
+    sys.stdout = sys.stderr = io.StringIO()  # prints from a rank never reach the notebook or the grader
+    payload = None
+    trace = Trace(slot, rank)
+    try:
+        import faulthandler
+
+        dump = open(dump_path, "w")
+        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False, chain=False)
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # N ranks share the cores; and OpenMP after fork wants one thread
+        torch.manual_seed(1234 + rank)
+        os.environ.update(env)
+        _install_trace(trace, _student_namespaces(entry))
+        if init:
+            store = dist.FileStore(store_path, world_size)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=deadline_s + 30))
+            trace.events.clear()
+        data = body(rank, world_size, entry, trace)
+        payload = ("ok", data)
+    except NotImplementedError as e:
+        payload = ("notimpl", str(e))
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text
+        last = next((ev for ev in reversed(trace.events) if ev[0] == "call"), None)
+        payload = ("error", type(e).__name__, str(e)[:1500], _student_frames(e.__traceback__),
+                   f"{last[1]} #{sum(1 for ev in trace.events if ev[0] == 'call')} ({last[2]['detail']})"
+                   if last else "")
+    try:
+        data = pickle.dumps(payload)
+    except Exception as e:  # noqa: BLE001
+        data = pickle.dumps(("error", type(e).__name__, f"the probe could not send this rank's result: {e}", "", ""))
+    view = memoryview(data)
+    while view:
+        n = os.write(result_w, view[:65536])
+        view = view[n:]
+    os.close(result_w)
+    # Stay in the group until the parent has every result: a rank that leaves early makes its peers'
+    # pending collectives fail with "connection closed" instead of telling the real story.
+    select.select([release_r], [], [], deadline_s + 5)
+
+
+# ================================================================================================
+# The parent: fork, collect, and turn hangs and crashes into messages
+# ================================================================================================
+def _read_slot(slot: mmap.mmap):
+    slot.seek(0)
+    n = int.from_bytes(slot.read(4), "little")
+    if not 0 < n < SLOT:
+        return None
+    try:
+        return json.loads(slot.read(n).decode())
+    except ValueError:
+        return None
+
+
+def _stack_of(dump_path: str) -> str:
+    try:
+        text = open(dump_path).read()
+    except OSError:
+        return ""
+    here = os.path.basename(__file__)
+    keep = [ln.strip() for ln in text.splitlines()
+            if ln.strip().startswith("File") and here not in ln and "site-packages" not in ln and "/lib/python" not in ln]
+    # faulthandler prints the innermost frame first; show the student's frames, innermost first
+    return "\n".join("      " + ln for ln in keep[:4])
+
+
+def _describe_state(state, now: float) -> str:
+    if not state:
+        return "no torch.distributed call yet"
+    where = f"{state['name']} #{state['seq']}" + (f" ({state['detail']})" if state.get("detail") else "")
+    if state.get("in"):
+        return f"INSIDE {where} for {now - state['t']:.1f} s, never returned"
+    return f"last call {where} returned; now in other code (or waiting on an async op's Work.wait())"
+
+
+def spawn(body, world_size: int, entry, *, init: bool = True, deadline_s: float = DEADLINE_S,
+          env: dict | None = None, what: str = "") -> list:
+    """Run ``body(rank, world_size, entry, trace)`` in ``world_size`` forked ranks; return their results.
+
+    Raises ``NotImplementedError`` when a rank did (the student's stub), :class:`RankCrashError` when
+    a rank raised or died, :class:`RankHangError` past ``deadline_s``. Every rank is gone when it returns.
+    """
+    if entry in _HUNG:
+        raise RankHangError(_HUNG[entry] + "\n  (this case was not run: an earlier case of this check already hung)")
+    tmp = tempfile.mkdtemp(prefix="pt-ranks-")
+    store_path = os.path.join(tmp, "store")
+    env = dict(env or {})
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if not init:  # the student's code joins the group itself, from the environment torchrun sets
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size),
+                   LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", ROLE_RANK="0")
+    release_r, release_w = os.pipe()
+    procs = []  # (pid, result_r, slot, dump_path)
+    payloads: dict[int, tuple] = {}
+    buffers: dict[int, bytearray] = {}
+    exited: dict[int, int] = {}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        for rank in range(world_size):
+            slot = mmap.mmap(-1, SLOT)
+            result_r, result_w = os.pipe()
+            dump_path = os.path.join(tmp, f"stack{rank}.txt")
+            rank_env = dict(env)
+            if not init:
+                rank_env.update(RANK=str(rank), LOCAL_RANK=str(rank))
+            pid = os.fork()
+            if pid == 0:  # the rank
+                code = 0
+                try:
+                    os.close(result_r)
+                    os.close(release_w)
+                    _rank_main(rank, world_size, body, entry, store_path, slot, result_w, release_r, dump_path,
+                               init, deadline_s, rank_env)
+                except BaseException:  # noqa: BLE001
+                    code = 70
+                finally:
+                    os._exit(code)
+            os.close(result_w)
+            procs.append((pid, result_r, slot, dump_path))
+            buffers[rank] = bytearray()
+        deadline = time.monotonic() + deadline_s
+        first_error_at = None
+        while len(payloads) < world_size:
+            open_fds = {p[1]: r for r, p in enumerate(procs) if r not in payloads}
+            wait = max(0.0, min(deadline, first_error_at + 0.5 if first_error_at else deadline) - time.monotonic())
+            ready, _, _ = select.select(list(open_fds), [], [], min(wait, 0.1))
+            for fd in ready:
+                r = open_fds[fd]
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    buffers[r] += chunk
+                    continue
+                try:
+                    payloads[r] = pickle.loads(bytes(buffers[r]))
+                except Exception:  # noqa: BLE001 - died while writing, or wrote nothing
+                    payloads[r] = ("died", None)
+                if payloads[r][0] != "ok" and first_error_at is None:
+                    first_error_at = time.monotonic()
+            for r, (pid, _, _, _) in enumerate(procs):  # died without a word (segfault, os._exit)?
+                if r not in exited:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        exited[r] = status
+            now = time.monotonic()
+            if first_error_at is not None and now > first_error_at + 0.5:
+                break
+            if now > deadline:
+                break
+        if len(payloads) == world_size and all(p[0] == "ok" for p in payloads.values()):
+            return [payloads[r][1] for r in range(world_size)]
+        notimpl = [r for r, p in payloads.items() if p[0] == "notimpl"]
+        if notimpl:
+            raise NotImplementedError(payloads[notimpl[0]][1])
+        now = time.time()
+        states = {r: _read_slot(p[2]) for r, p in enumerate(procs)}
+        failed = sorted(r for r, p in payloads.items() if p[0] in ("error", "died"))
+        lines = []
+        if failed:
+            for r in failed:
+                p = payloads[r]
+                if p[0] == "error":
+                    _, etype, msg, frames, last = p
+                    lines.append(f"rank {r} raised {etype}: {msg}")
+                    if frames:
+                        lines.append("    in your code:\n" + frames)
+                    if last:
+                        lines.append(f"    its last torch.distributed call: {last}")
+                else:
+                    status = exited.get(r)
+                    how = (f"signal {signal.Signals(os.WTERMSIG(status)).name}" if status is not None
+                           and os.WIFSIGNALED(status) else f"exit code {os.WEXITSTATUS(status)}"
+                           if status is not None else "no result")
+                    lines.append(f"rank {r} died ({how}) while {_describe_state(states[r], now)}")
+            for r in range(world_size):
+                if r not in failed:
+                    state = "finished" if r in payloads else _describe_state(states[r], now)
+                    lines.append(f"rank {r}: {state}")
+            head = (f"{what}: " if what else "") + f"with {world_size} ranks, " + lines[0]
+            raise RankCrashError("\n  ".join([head] + lines[1:]))
+        # Nobody failed, somebody is stuck: ask the stuck ranks where they are, then report.
+        stuck = [r for r in range(world_size) if r not in payloads]
+        for r in stuck:
+            try:
+                os.kill(procs[r][0], signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.3)
+        lines = [f"{what + ': ' if what else ''}with {world_size} ranks, timed out after {deadline_s:g} s "
+                 f"(every rank was killed)."]
+        for r in range(world_size):
+            if r in payloads:
+                lines.append(f"rank {r}: finished its work and is waiting for the others")
+                continue
+            lines.append(f"rank {r}: {_describe_state(states[r], now)}")
+            stack = _stack_of(procs[r][3])
+            if stack:
+                lines.append("    stuck at (innermost first):\n" + stack)
+        lines.append("Every rank must make the same collective calls in the same order with matching sizes, "
+                     "and every send needs a matching recv: a rank waiting for a message its peer never "
+                     "sends waits forever.")
+        message = "\n  ".join(lines)
+        try:
+            _HUNG[entry] = message
+        except TypeError:  # not weak-referenceable: nothing to remember
+            pass
+        raise RankHangError(message)
+    finally:
+        os.close(release_w)  # releases ranks that finished
+        for pid, result_r, slot, _ in procs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid, result_r, slot, _ in procs:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            os.close(result_r)
+            slot.close()
+        os.close(release_r)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ================================================================================================
+# Helpers for the bodies
+# ================================================================================================
+def build_mlp(widths, params):
+    """nn.Sequential(Linear, Tanh, ..., Linear) with the given parameter values (weights, biases in order)."""
+    import torch
+    from torch import nn
+
+    layers = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    model = nn.Sequential(*layers[:-1])
+    with torch.no_grad():
+        for p, v in zip(model.parameters(), params):
+            p.copy_(v)
+    return model
+
+
+def _shard(t, rank, world_size):
+    n = t.shape[0] // world_size
+    return t[rank * n:(rank + 1) * n]
+
+
+def _clone_all(ts):
+    return [None if t is None else t.detach().clone() for t in ts]
+
+
+def _ready_hooks(model, trace):
+    """The probe's own post-accumulate-grad hooks, registered before the student's: 'grad i is ready'."""
+    for i, p in enumerate(model.parameters()):
+        p.register_post_accumulate_grad_hook(lambda param, i=i: trace.mark("ready", i))
+
+
+def _overlap(trace, since: int, backward_end: int) -> dict:
+    """Where the all-reduces of one backward happened, relative to the gradients becoming ready."""
+    ev = trace.events[since:]
+    order = [(e[1], e[2]) for e in ev if e[0] in ("call", "mark")]
+    ready = [k for k, (name, _) in enumerate(order) if name == "ready"]
+    reduces = [(k, info) for k, (name, info) in enumerate(order) if name == "all_reduce"]
+    end = next((k for k, (name, _) in enumerate(order) if name == "backward_returned"), len(order))
+    return {"n_ready": len(ready),
+            "all_reduce_numels": [info["numel"] for _, info in reduces],
+            "all_reduce_async": [info["async"] for _, info in reduces],
+            "first_reduce_before_last_ready": bool(reduces and ready and reduces[0][0] < ready[-1]),
+            "reduces_during_backward": sum(1 for k, _ in reduces if k < end),
+            "other_calls": sorted({name for name, _ in order if name not in ("ready", "backward_returned",
+                                                                             "all_reduce")})}
+
+
+# ================================================================================================
+# Exercise 6.2: ring all-reduce
+# ================================================================================================
+def ring_all_reduce(entry, world_size, tests):
+    """``tests[t][r]`` is rank r's input of test t; each rank calls ``entry(x)`` (in place) on each."""
+
+    def body(rank, n, fn, trace):
+        outs, p2p = [], []
+        for per_rank in tests:
+            x = per_rank[rank]
+            start = len(trace.events)
+            fn(x)
+            ev = trace.events[start:]
+            p2p.append({"sent": sum(e[2]["numel"] for e in ev if e[0] == "p2p" and e[1] in P2P_SEND),
+                        "to": sorted({e[2]["peer"] for e in ev if e[0] == "p2p" and e[1] in P2P_SEND}, key=str),
+                        "from": sorted({e[2]["peer"] for e in ev if e[0] == "p2p" and e[1] in P2P_RECV}, key=str),
+                        "calls": sorted({e[1] for e in ev if e[0] == "call"})})
+            outs.append(x)
+        return {"out": outs, "p2p": p2p}
+
+    return spawn(body, world_size, entry, what="ring_all_reduce")
+
+
+# ================================================================================================
+# Exercises 6.4 and 6.5: DDP (per-parameter hooks, then buckets)
+# ================================================================================================
+def ddp_steps(entry, world_size, spec):
+    """Wrap a model whose replicas start different, run ``spec['steps']`` SGD steps on each rank's
+    shard of the batch; report the weights after wrapping, every step's grads, the final weights, and
+    where the all-reduces happened relative to backward."""
+    kwargs = dict(spec.get("kwargs", {}))
+
+    def body(rank, n, cls, trace):
+        import torch
+
+        params = [p + spec["perturb"] * rank for p in spec["init"]]  # replicas start different
+        model = build_mlp(spec["widths"], params)
+        _ready_hooks(model, trace)
+        ddp = cls(model, **kwargs)
+        after_wrap = _clone_all(model.parameters())
+        opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
+        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        grads, overlaps = [], []
+        for _ in range(spec["steps"]):
+            opt.zero_grad(set_to_none=True)
+            since = len(trace.events)
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            trace.mark("backward_returned")
+            ddp.finish_gradient_synchronization()
+            overlaps.append(_overlap(trace, since, 0))
+            grads.append(_clone_all(p.grad for p in model.parameters()))
+            opt.step()
+        return {"after_wrap": after_wrap, "grads": grads, "final": _clone_all(model.parameters()),
+                "overlap": overlaps}
+
+    return spawn(body, world_size, entry, what=getattr(entry, "__name__", "DDP"))
+
+
+# ================================================================================================
+# Exercise 6.6: no_sync
+# ================================================================================================
+def no_sync_steps(entry, world_size, spec):
+    """``spec['micro']`` micro-batches per step, all but the last inside ``ddp.no_sync()``; then one
+    optimizer step; twice. Reports the grads after each backward and the collectives issued."""
+    kwargs = dict(spec.get("kwargs", {}))
+
+    def body(rank, n, cls, trace):
+        import torch
+
+        model = build_mlp(spec["widths"], spec["init"])
+        _ready_hooks(model, trace)
+        ddp = cls(model, **kwargs)
+        opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
+        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        m = spec["micro"]
+        xs, ys = x.chunk(m), y.chunk(m)
+        rounds = []
+        for _ in range(spec["steps"]):
+            opt.zero_grad(set_to_none=True)
+            record = {"local_grads": [], "calls_in_no_sync": [], "synced_grads": None}
+            for k in range(m - 1):
+                since = len(trace.events)
+                with ddp.no_sync():
+                    loss = torch.nn.functional.mse_loss(ddp(xs[k]), ys[k]) / m
+                    loss.backward()
+                    ddp.finish_gradient_synchronization()
+                record["calls_in_no_sync"] += trace.calls(since)
+                record["local_grads"].append(_clone_all(p.grad for p in model.parameters()))
+            since = len(trace.events)
+            loss = torch.nn.functional.mse_loss(ddp(xs[-1]), ys[-1]) / m
+            loss.backward()
+            trace.mark("backward_returned")
+            ddp.finish_gradient_synchronization()
+            record["synced_calls"] = trace.calls(since)
+            record["synced_grads"] = _clone_all(p.grad for p in model.parameters())
+            opt.step()
+            rounds.append(record)
+        return {"rounds": rounds, "final": _clone_all(model.parameters())}
+
+    return spawn(body, world_size, entry, what=getattr(entry, "__name__", "DDP"))
+
+
+# ================================================================================================
+# Exercise 6.8: ZeRO-1
+# ================================================================================================
+def _state_bytes(obj, exclude: set) -> int:
+    """Bytes of the tensors reachable from ``obj`` (its attributes, containers, inner optimizers),
+    each storage counted once, leaving out the model's parameters and gradients (``exclude``)."""
+    import torch
+    from torch import nn
+
+    seen_objs: set[int] = set()
+    storages: dict[int, int] = {}
+    stack = [(obj, 0)]
+    while stack:
+        o, depth = stack.pop()
+        if id(o) in seen_objs or depth > 12:
+            continue
+        seen_objs.add(id(o))
+        if isinstance(o, torch.Tensor):
+            if o.device.type == "meta":
+                continue
+            s = o.untyped_storage()
+            if s.data_ptr() not in exclude and s.nbytes():
+                storages[s.data_ptr()] = max(storages.get(s.data_ptr(), 0), s.nbytes())
+            if o.grad is not None:
+                stack.append((o.grad, depth + 1))
+            continue
+        if isinstance(o, nn.Module) or callable(o) and not hasattr(o, "__dict__"):
+            continue
+        if isinstance(o, dict):
+            stack += [(v, depth + 1) for v in list(o.values())]
+            stack += [(k, depth + 1) for k in list(o.keys()) if not isinstance(k, (str, int))]
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack += [(v, depth + 1) for v in list(o)]
+        elif hasattr(o, "__dict__") and not isinstance(o, type) and type(o).__module__.split(".")[0] != "torch" \
+                or isinstance(o, torch.optim.Optimizer):
+            stack += [(v, depth + 1) for v in list(vars(o).values())]
+    return sum(storages.values())
+
+
+def zero_steps(entry, world_size, spec):
+    """Train the same model on every rank with the student's sharded optimizer (each rank has its own
+    shard of the batch, and plain local gradients); report the weights and the optimizer's bytes."""
+    def body(rank, n, cls, trace):
+        import torch
+
+        model = build_mlp(spec["widths"], spec["init"])
+        opt = cls(model.parameters(), **spec["hyper"])
+        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        weights, state = [], []
+        for _ in range(spec["steps"]):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            weights.append(_clone_all(model.parameters()))
+            exclude = {p.untyped_storage().data_ptr() for p in model.parameters()}
+            exclude |= {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
+            state.append(_state_bytes(opt, exclude))
+        return {"weights": weights, "state_bytes": state}
+
+    return spawn(body, world_size, entry, what=getattr(entry, "__name__", "sharded optimizer"))
+
+
+# ================================================================================================
+# Exercise 6.9: FSDP
+# ================================================================================================
+def fsdp_steps(entry, world_size, spec):
+    """Wrap an nn.Sequential in the student's fully sharded wrapper, train ``steps`` SGD steps;
+    report losses, the outputs on a fixed input after training, the parameter elements each rank
+    holds, and the peak bytes of gathered (all-gather output) buffers alive at once."""
+    def body(rank, n, cls, trace):
+        import torch
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        model = build_mlp(spec["widths"], spec["init"])
+        fsdp = cls(model)
+        held = sum(p.numel() for p in fsdp.parameters())
+        handles = [register_module_forward_pre_hook(lambda *a: trace.sample()),
+                   register_module_forward_hook(lambda *a: trace.sample())]
+        for p in fsdp.parameters():
+            p.register_post_accumulate_grad_hook(lambda p: trace.sample())
+        opt = torch.optim.SGD(fsdp.parameters(), lr=spec["lr"], momentum=0.5)
+        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        losses = []
+        try:
+            for _ in range(spec["steps"]):
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.mse_loss(fsdp(x), y)
+                loss.backward()
+                trace.sample()
+                opt.step()
+                losses.append(loss.item())
+            with torch.no_grad():
+                out = fsdp(spec["x_eval"])
+        finally:
+            for h in handles:
+                h.remove()
+        trace.sample()
+        return {"losses": losses, "out": out.detach().clone(), "held": held,
+                "peak_gathered": trace.peak_gathered, "gathers": trace.calls().count("all_gather")
+                + trace.calls().count("all_gather_into_tensor") + trace.calls().count("all_gather_single")}
+
+    return spawn(body, world_size, entry, what=getattr(entry, "__name__", "FSDP"))
+
+
+# ================================================================================================
+# Exercise 6.10: a torchrun trainer that resumes
+# ================================================================================================
+def train_resume(entry, world_size, config):
+    """Three launches of ``entry(config)`` in ``world_size`` ranks, with the environment torchrun sets:
+    A) the whole run, saving checkpoints; B) a run that stops early (a crash); C) a run resumed from
+    B's checkpoint. Reports what rank 0 returned each time, and the checkpoint files B left."""
+    tmp = tempfile.mkdtemp(prefix="pt-train-")
+
+    def launch(cfg, label):
+        def body(rank, n, fn, trace):
+            out = fn(dict(cfg))
+            calls = trace.calls()
+            return {"result": out if rank == 0 else None, "inits": calls.count("init_process_group")}
+
+        return spawn(body, world_size, entry, init=False, what=f"train (run {label})")
+
+    try:
+        a = launch(dict(config, ckpt_dir=os.path.join(tmp, "a")), "A, uninterrupted")
+        b = launch(dict(config, ckpt_dir=os.path.join(tmp, "b"), stop_after=config["stop_after"]),
+                   "B, stops early")
+        saved = sorted(os.listdir(os.path.join(tmp, "b"))) if os.path.isdir(os.path.join(tmp, "b")) else []
+        resume = os.path.join(tmp, "b", f"step{config['resume_step']}.pt")
+        c = launch(dict(config, ckpt_dir=os.path.join(tmp, "c"), resume=resume), "C, resumed") \
+            if os.path.exists(resume) else None
+        return {"a": a[0]["result"], "c": None if c is None else c[0]["result"], "files_b": saved,
+                "inits": [r["inits"] for r in a]}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
