@@ -219,7 +219,9 @@ def cmd_autograde(args) -> int:
 def _registered(root: Path, name: str, db_url: str | None) -> bool:
     from nbgrader.api import Gradebook, MissingEntry
 
-    db = db_url or os.environ.get("PTGRADE_DB_URL") or f"sqlite:///{root}/autograder/gradebook.db"
+    from .nbgrader_plugin import normalize_db_url
+
+    db = normalize_db_url(db_url or os.environ.get("PTGRADE_DB_URL") or f"sqlite:///{root}/autograder/gradebook.db")
     with Gradebook(db) as gb:
         try:
             return bool(gb.find_assignment(name).notebooks)

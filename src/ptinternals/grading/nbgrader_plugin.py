@@ -151,6 +151,17 @@ class StripHiddenTests(NbGraderPreprocessor):
         return cell, resources
 
 
+def normalize_db_url(url: str) -> str:
+    """``postgresql://...`` -> the driver that is installed (SQLAlchemy 2.1 defaults to psycopg 3; the course
+    ships psycopg2-binary). Other URLs are returned unchanged."""
+    if url.startswith(("postgresql://", "postgres://")):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return url
+
+
 def configure(c, root: str | os.PathLike) -> None:
     """Apply the course's nbgrader settings to config ``c`` for the course at ``root``."""
     from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
@@ -168,7 +179,7 @@ def configure(c, root: str | os.PathLike) -> None:
     c.CourseDirectory.submitted_directory = "autograder/submitted"
     c.CourseDirectory.autograded_directory = "autograder/autograded"
     c.CourseDirectory.feedback_directory = "autograder/feedback"
-    c.CourseDirectory.db_url = os.environ.get("PTGRADE_DB_URL") or f"sqlite:///{root}/autograder/gradebook.db"
+    c.CourseDirectory.db_url = normalize_db_url(os.environ.get("PTGRADE_DB_URL") or f"sqlite:///{root}/autograder/gradebook.db")
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*.tmp"]
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
     c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells,

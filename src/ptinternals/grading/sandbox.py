@@ -176,8 +176,46 @@ def resolve_isolation(requested: str, device: str) -> tuple[str, str]:
     return "process", f"fallback: {why}"
 
 
+UID_COUNT = 1000  # uids UID_BASE .. UID_BASE + UID_COUNT - 1 are reserved for sandboxes
+UID_LOCK_DIR = Path(tempfile.gettempdir()) / "ptgrade-uids"
+
+
 def _sandbox_uid(worker: int) -> int | None:
-    return UID_BASE + worker if os.geteuid() == 0 else None
+    """The uid the probe uses (no processes are killed by uid for it)."""
+    return UID_BASE + UID_COUNT - 1 - worker if os.geteuid() == 0 else None
+
+
+class UidLease:
+    """A sandbox uid nobody else on this machine is using, held (flock) while the sandbox runs.
+
+    Limits such as RLIMIT_NPROC count per uid, and the clean-up kills every process of the uid, so two
+    graders (or two workers) must never share one: each run leases a free uid from a reserved range.
+    """
+
+    def __init__(self):
+        self.uid, self._fd = None, None
+
+    def __enter__(self) -> int | None:
+        if os.geteuid() != 0:
+            return None
+        import fcntl
+
+        UID_LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        for uid in range(UID_BASE, UID_BASE + UID_COUNT - 16):
+            fd = os.open(UID_LOCK_DIR / f"{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            _kill_uid(uid)  # leftovers of a grader that died without cleaning up
+            return uid
+        raise RuntimeError(f"no free sandbox uid in {UID_BASE}..{UID_BASE + UID_COUNT}: too many graders at once")
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
 
 
 def _bwrap_prefix(job_dir: Path, out_dir: Path, site_dir: Path, device: str) -> list[str]:
@@ -283,8 +321,6 @@ def _overstayed(progress: Path) -> bool:
 
 def run_job(job: dict, input_arrays: dict, config: SandboxConfig, extra_files: tuple[str, ...] = ()) -> SandboxResult:
     """Write ``job`` and its arrays, start the runtime in the sandbox, wait (with limits), return."""
-    import numpy as np
-
     mode, _why = resolve_isolation(config.isolation, config.device)
     root = Path(tempfile.mkdtemp(prefix="ptgrade-", dir=config.base_dir))
     os.chmod(root, 0o755)
@@ -292,7 +328,13 @@ def run_job(job: dict, input_arrays: dict, config: SandboxConfig, extra_files: t
     for d in (job_dir, out_dir, site_dir):
         d.mkdir()
     allowed = build_site(site_dir, extra_files)
-    uid = _sandbox_uid(config.worker)
+    with UidLease() as uid:
+        return _run_leased(job, input_arrays, config, mode, root, job_dir, out_dir, site_dir, allowed, uid)
+
+
+def _run_leased(job, input_arrays, config, mode, root, job_dir, out_dir, site_dir, allowed, uid) -> SandboxResult:
+    import numpy as np
+
     inside = mode == "bwrap"
     job = dict(job, format=1, input_arrays=sorted(input_arrays),
                sys_path=["/sandbox/site" if inside else str(site_dir)] + site_packages_dirs(),

@@ -31,9 +31,16 @@ def answer_sources(assignment: str) -> dict[str, str]:
 
 def namespace_with(assignment: str, replace: dict[str, str] | None = None) -> dict:
     """Execute the solution's answer cells (optionally replacing some) and return the namespace."""
+    import ast
+
     ns: dict = {"__name__": "__main__"}
     for gid, src in answer_sources(assignment).items():
-        if gid == "setup":
+        if gid == "setup":  # as in the sandbox: the course's own cell, statement by statement, errors ignored
+            for stmt in ast.parse(src).body:
+                try:
+                    exec(compile(ast.Module([stmt], []), "<setup>", "exec"), ns)
+                except Exception:
+                    pass
             continue
         exec(compile((replace or {}).get(gid, src), f"<{gid}>", "exec"), ns)
     return ns

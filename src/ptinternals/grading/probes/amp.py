@@ -16,6 +16,7 @@ Each probe runs next to the student's code and returns plain data for the truste
 
 Only torch and the standard library are imported; nothing here solves an exercise.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -197,11 +198,18 @@ def make_scaler(spec):
     return torch.amp.GradScaler(device, **spec)
 
 
-def train_probe(entry, params, opt_spec, data, steps, dtype, scaler_spec=None, clip=None, accum=1, loss_weight=1.0):
-    """Call ``entry(params, optimizer, data, steps, dtype, scaler, clip, accum, loss_weight)``."""
+def train_probe(
+    entry, params, opt_spec, data, steps, dtype, scaler_spec=None, clip=None, accum=1, loss_weight=1.0
+):
+    """Call ``entry(params, optimizer, data, steps, dtype, scaler, clip, accum, loss_weight)``.
+
+    The run is on the CPU whatever device the grader uses: it is compared with a CPU autocast run to
+    0.1%, and a GPU's bf16 matmuls (another summation order) would differ by more than that.
+    """
     import torch
 
-    params = {n: p.detach().clone().requires_grad_(True) for n, p in params.items()}
+    params = {n: p.detach().cpu().clone().requires_grad_(True) for n, p in params.items()}
+    data = [tuple(t.cpu() for t in batch) for batch in data]
     opt = make_optimizer(params, opt_spec)
     scaler = make_scaler(scaler_spec)
     matmul, loss_in = set(), set()
@@ -220,8 +228,13 @@ def train_probe(entry, params, opt_spec, data, steps, dtype, scaler_spec=None, c
 
     with _recorder(on_call):
         out = entry(params, opt, data, steps, dtype, scaler, clip, accum, loss_weight)
-    return {"out": out, "params": {n: p.detach().clone() for n, p in params.items()},
-            "matmul_dtypes": sorted(matmul), "loss_input_dtypes": sorted(loss_in), "autocast": autocast[0]}
+    return {
+        "out": out,
+        "params": {n: p.detach().clone() for n, p in params.items()},
+        "matmul_dtypes": sorted(matmul),
+        "loss_input_dtypes": sorted(loss_in),
+        "autocast": autocast[0],
+    }
 
 
 # ---- exercise 5.9: smaller everywhere, faster on a GPU ----------------------------------------------
@@ -246,8 +259,9 @@ def _mlp_problem(sizes, device, seed=0):
     return params, [(x, y)]
 
 
-def _saved_bytes(entry, dtype, scaler_spec, device) -> int:
-    """Bytes of the distinct storages autograd saves for backward during one training step."""
+def _saved_bytes(entry, dtype, scaler_spec, device) -> tuple[int, int, int]:
+    """(bytes, float32 bytes) of the distinct storages autograd saves during one training step, and the
+    number of matmuls that ran (one forward of the 2-layer MLP has 2)."""
     import torch
 
     params, data = _mlp_problem(CPU_SIZES, device)
@@ -255,14 +269,19 @@ def _saved_bytes(entry, dtype, scaler_spec, device) -> int:
     opt = make_optimizer(params, ("sgd", 1e-3))
     seen = {}
 
-    def pack(t):
+    def pack(t):  # every saved tensor stays alive until backward, so storage addresses are unique
         s = t.untyped_storage()
-        seen[(s.data_ptr(), t.device.type)] = s.nbytes()
+        seen[(s.data_ptr(), t.device.type)] = (s.nbytes(), t.dtype == torch.float32)
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    matmuls = [0]
+
+    def on_call(name, args, kwargs, out):
+        matmuls[0] += name in _MATMUL_NAMES
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _recorder(on_call):
         entry(params, opt, data, 1, dtype, make_scaler(scaler_spec), None, 1, 1.0)
-    return int(sum(seen.values()))
+    return int(sum(n for n, _ in seen.values())), int(sum(n for n, f in seen.values() if f)), matmuls[0]
 
 
 def _timed_run(entry, dtype, scaler_spec, device, steps=5):
@@ -297,18 +316,32 @@ def speed_probe(entry, dtype, scaler_spec=None):
     if scaler_spec is not None:
         scaler_spec = dict(scaler_spec, device=device)
     report = {"device": device, "dtype": _dtype_name(dtype)}
-    fp32_bytes = _saved_bytes(entry, torch.float32, None, device)
-    low_bytes = _saved_bytes(entry, dtype, scaler_spec, device)
-    report.update(saved_bytes_fp32=fp32_bytes, saved_bytes_low=low_bytes,
-                  saved_ratio=low_bytes / fp32_bytes if fp32_bytes else float("nan"))
+    fp32_bytes, _, _ = _saved_bytes(entry, torch.float32, None, device)
+    low_bytes, low_fp32_bytes, low_matmuls = _saved_bytes(entry, dtype, scaler_spec, device)
+    report.update(
+        saved_bytes_fp32=fp32_bytes,
+        saved_bytes_low=low_bytes,
+        saved_fp32_bytes_in_low=low_fp32_bytes,
+        matmuls_per_step=low_matmuls,
+        saved_ratio=low_bytes / fp32_bytes if fp32_bytes else float("nan"),
+    )
     if device == "cuda":
         ms32, peak32 = _timed_run(entry, torch.float32, None, device)
         ms_low, peak_low = _timed_run(entry, dtype, scaler_spec, device)
-        report.update(ms_fp32=ms32, ms_low=ms_low, time_ratio=ms_low / ms32, peak_fp32=peak32, peak_low=peak_low,
-                      peak_ratio=peak_low / peak32 if peak32 else float("nan"), speed="measured")
+        report.update(
+            ms_fp32=ms32,
+            ms_low=ms_low,
+            time_ratio=ms_low / ms32,
+            peak_fp32=peak32,
+            peak_low=peak_low,
+            peak_ratio=peak_low / peak32 if peak32 else float("nan"),
+            speed="measured",
+        )
     else:
-        report["speed"] = ("SKIPPED on CPU: bf16/fp16 matmuls are 12-18x slower than fp32 on a CPU without AMX, "
-                           "so the speed and peak-memory half of this check runs only on a GPU")
+        report["speed"] = (
+            "SKIPPED on CPU: bf16/fp16 matmuls are 12-18x slower than fp32 on a CPU without AMX, "
+            "so the speed and peak-memory half of this check runs only on a GPU"
+        )
     LAST_REPORT.clear()
     LAST_REPORT.update(report)
     return report
@@ -319,12 +352,16 @@ def last_speed_report() -> str:
     r = LAST_REPORT
     if not r:
         return "no measurement yet: run the check above"
-    text = (f"{r['dtype']} vs float32 on {r['device']}: bytes saved for backward {r['saved_bytes_low']:,} vs "
-            f"{r['saved_bytes_fp32']:,} (x{r['saved_ratio']:.2f})")
+    text = (
+        f"{r['dtype']} vs float32 on {r['device']}: bytes saved for backward {r['saved_bytes_low']:,} vs "
+        f"{r['saved_bytes_fp32']:,} (x{r['saved_ratio']:.2f})"
+    )
     if r["speed"] == "measured":
-        text += (f"; time per step {r['ms_low']:.2f} ms vs {r['ms_fp32']:.2f} ms (x{r['time_ratio']:.2f}); "
-                 f"peak memory {r['peak_low'] / 2**20:.0f} MiB vs {r['peak_fp32'] / 2**20:.0f} MiB "
-                 f"(x{r['peak_ratio']:.2f})")
+        text += (
+            f"; time per step {r['ms_low']:.2f} ms vs {r['ms_fp32']:.2f} ms (x{r['time_ratio']:.2f}); "
+            f"peak memory {r['peak_low'] / 2**20:.0f} MiB vs {r['peak_fp32'] / 2**20:.0f} MiB "
+            f"(x{r['peak_ratio']:.2f})"
+        )
     else:
         text += "\n" + r["speed"]
     return text

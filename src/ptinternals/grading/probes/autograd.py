@@ -24,10 +24,12 @@ def _reraise_if_stub(e: BaseException) -> None:
 
 
 def _raised(e: BaseException):
-    """An exception as data (it crosses the sandbox boundary as ``_runtime.Raised``)."""
-    from ptinternals.grading._runtime import Raised
+    """An exception as data: the encoder turns any exception object into ``_runtime.Raised``.
 
-    return Raised(type(e).__name__, str(e)[:300])
+    (Not a ``Raised`` built here: in the sandbox ``_runtime`` runs as ``__main__``, so the class
+    imported as ``ptinternals.grading._runtime.Raised`` is another class, which the encoder rejects.)
+    """
+    return e
 
 
 # ================================================================================================
@@ -78,6 +80,7 @@ def _recording_torch_calls(calls: set):
 
 def _to_variable(x):
     import torch
+
     from ptinternals.autograd.scaffold import Variable
 
     return Variable(x) if isinstance(x, torch.Tensor) else x
@@ -111,10 +114,35 @@ def unbroadcast_probe(entry, grad, shape):
     return {"out": out, "variable": as_variable, "calls": sorted(calls)}
 
 
+def _torch_sum_to(grad, shape):
+    """A correct ``unbroadcast`` by torch (``sum_to_size``), for tensors and Variables."""
+    from ptinternals.autograd.scaffold import Variable
+
+    if isinstance(grad, Variable):
+        return Variable(grad.data.sum_to_size(tuple(shape)))
+    return grad.sum_to_size(tuple(shape))
+
+
+@contextlib.contextmanager
+def _correct_unbroadcast(entry):
+    """Grade the formulas on their own: the student's ``unbroadcast`` (Exercise 2.1, graded there) is
+    replaced by torch's ``sum_to_size`` while they run, so one mistake costs points in one exercise."""
+    namespace = getattr(entry, "__globals__", None)
+    if not isinstance(namespace, dict) or "unbroadcast" not in namespace:
+        yield
+        return
+    theirs = namespace["unbroadcast"]
+    namespace["unbroadcast"] = _torch_sum_to
+    try:
+        yield
+    finally:
+        namespace["unbroadcast"] = theirs
+
+
 def formula_probe(entry, op, grad, *saved):
     """``entry(op, grad, *saved)`` on tensors, then on Variables; torch.autograd is off limits."""
     why = "write the backward formula with tensor operations (torch.autograd would compute it for you)"
-    with _no_autograd_calls(why):
+    with _no_autograd_calls(why), _correct_unbroadcast(entry):
         out = entry(op, grad, *saved)
         try:
             as_variable = _from_variable(entry(op, _to_variable(grad), *(_to_variable(s) for s in saved)))
@@ -154,6 +182,7 @@ _NODE_NAMES = {"add": "AddBackward0", "mul": "MulBackward0", "mulsg": "MulBackwa
 def _vjp_backward(fn, shapes):
     """A formula for the mini engine computed by torch: the vector-Jacobian product of ``fn``."""
     import torch
+
     from ptinternals.autograd.scaffold import Variable
 
     def backward(grad, *saved):
@@ -205,11 +234,11 @@ def build_program(leaves, requires, program, mode):
     import torch
 
     if mode == "torch":
-        values = [t.detach().clone().requires_grad_(bool(r)) for t, r in zip(leaves, requires)]
+        values = [t.detach().clone().requires_grad_(bool(r)) for t, r in zip(leaves, requires, strict=False)]
     else:
         from ptinternals.autograd.scaffold import Variable
 
-        values = [Variable(t.detach().clone(), requires_grad=bool(r)) for t, r in zip(leaves, requires)]
+        values = [Variable(t.detach().clone(), requires_grad=bool(r)) for t, r in zip(leaves, requires, strict=False)]
     the_leaves = list(values)
     seen: list = []
     retained: list = []
@@ -256,7 +285,13 @@ def run_program(leaves, requires, program, root_grad, options, backward=None):
 
             backward(root, Variable(root_grad.clone()), retain_graph=retain)
 
-    run()
+    try:
+        run()
+    except Exception as e:  # noqa: BLE001 (an engine that fails is judged on its error message)
+        if mode == "torch":
+            raise
+        _reraise_if_stub(e)
+        return {"error": _raised(e)}
     result = _snapshot(the_leaves, seen, retained)
     result["second"] = None
     if options.get("twice"):
@@ -304,32 +339,42 @@ def saved_log(fn, *args):
     return out, sum(per_storage.values()), entries
 
 
-def function_probe(entry, inputs, params, grad_out, grad_grad, double=True):
+def function_probe(entry, inputs, params, grad_out, grad_grad, double=True, banned=()):
     """``entry.apply(*leaves, *params)`` with float leaves made from ``inputs``.
 
     Returns the output, the gradients for the inputs (for ``grad_out``), and, when ``double``, the
     second derivatives: the gradient of ``<grads, grad_grad>`` with respect to the inputs and to
     ``grad_out`` (what ``gradgradcheck`` compares against finite differences). Also the bytes saved
-    for backward (each storage once) and what was saved.
+    for backward (each storage once), what was saved, and which of the ``banned`` torch functions
+    (the one-call answers, e.g. ``logsumexp``) the forward called.
     """
     import torch
 
     if not (isinstance(entry, type) and issubclass(entry, torch.autograd.Function)):
         raise TypeError(f"expected a subclass of torch.autograd.Function, got {entry!r:.80}")
     leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
-    out, saved_bytes, saved = saved_log(lambda *xs: entry.apply(*xs, *params), *leaves)
+    calls: set = set()
+    with _recording_torch_calls(calls):
+        out, saved_bytes, saved = saved_log(lambda *xs: entry.apply(*xs, *params), *leaves)
     result = {"out": out.detach() if isinstance(out, torch.Tensor) else out, "saved_bytes": saved_bytes,
-              "saved": saved}
+              "saved": saved, "banned_calls": sorted(c for c in calls if c in banned)}
     if not isinstance(out, torch.Tensor):
         return result
+    if tuple(out.shape) != tuple(grad_out.shape):
+        return result  # the forward's shape is already wrong: that is the message
     if not out.requires_grad:
         result["grads"] = _raised(RuntimeError("the output does not require grad: did forward detach it?"))
         return result
     v = grad_out.detach().clone().requires_grad_(double)
-    grads = torch.autograd.grad(out, leaves, v, create_graph=double, allow_unused=True)
+    try:
+        grads = torch.autograd.grad(out, leaves, v, create_graph=double, allow_unused=True)
+    except Exception as e:  # noqa: BLE001 (a failing backward is judged on its message)
+        _reraise_if_stub(e)
+        result["grads"] = _raised(e)
+        return result
     result["grads"] = [None if g is None else g.detach() for g in grads]
     if double:
-        pairs = [(g, w) for g, w in zip(grads, grad_grad) if g is not None]
+        pairs = [(g, w) for g, w in zip(grads, grad_grad, strict=False) if g is not None]
         if not pairs or not all(g.requires_grad for g, _ in pairs):
             result["gradgrads"] = _raised(RuntimeError(
                 "the gradients have no graph (backward ran without recording: .detach(), .data, no_grad(), "
@@ -339,11 +384,22 @@ def function_probe(entry, inputs, params, grad_out, grad_grad, double=True):
                 gg = torch.autograd.grad([g for g, _ in pairs], [*leaves, v], [w for _, w in pairs],
                                          allow_unused=True)
                 result["gradgrads"] = [torch.zeros_like(t) if g is None else g.detach()
-                                       for g, t in zip(gg, [*leaves, v])]
+                                       for g, t in zip(gg, [*leaves, v], strict=False)]
             except Exception as e:  # noqa: BLE001
                 _reraise_if_stub(e)
                 result["gradgrads"] = _raised(e)
     return result
+
+
+def logsumexp_probe(entry, *args):
+    """Exercise 2.4: the stable computation is the exercise, so torch's one-call versions are flagged."""
+    return function_probe(entry, *args, banned=("logsumexp", "softmax", "log_softmax"))
+
+
+def fake_quantize_probe(entry, *args):
+    """Exercise 2.5: torch's fake_quantize would be the whole answer."""
+    return function_probe(entry, *args, banned=("fake_quantize_per_tensor_affine",
+                                                 "fake_quantize_per_tensor_affine_cachemask"))
 
 
 def torch_function_reference(fn, inputs, grad_out, grad_grad, double=True):
@@ -358,8 +414,8 @@ def torch_function_reference(fn, inputs, grad_out, grad_grad, double=True):
               "grads": [None if g is None else g.detach() for g in grads]}
     if double:
         gg = torch.autograd.grad([g for g in grads if g is not None], [*leaves, v],
-                                 [w for g, w in zip(grads, grad_grad) if g is not None], allow_unused=True)
-        result["gradgrads"] = [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gg, [*leaves, v])]
+                                 [w for g, w in zip(grads, grad_grad, strict=False) if g is not None], allow_unused=True)
+        result["gradgrads"] = [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gg, [*leaves, v], strict=False)]
     return result
 
 
@@ -371,7 +427,7 @@ def make_block(weights, biases, dropout_p):
     import torch
 
     def block(h):
-        for w, b in zip(weights, biases):
+        for w, b in zip(weights, biases, strict=False):
             h = torch.tanh(h @ w + b)
             if dropout_p:
                 h = torch.nn.functional.dropout(h, dropout_p, training=True)
@@ -382,17 +438,17 @@ def make_block(weights, biases, dropout_p):
 
 @contextlib.contextmanager
 def live_storages(log: list):
-    """Record (weak reference, bytes) of the storage of every tensor an aten op creates."""
+    """Record (weak reference, address, bytes) of the storage of every floating-point tensor an aten op
+    returns: the activations (an RNG state or a bool mask is not one)."""
+    import torch
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    import torch
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type != "meta":
                     s = t.untyped_storage()
                     log.append((StorageWeakRef(s), s.data_ptr(), s.nbytes()))
             return out
@@ -401,18 +457,29 @@ def live_storages(log: list):
         yield
 
 
-def kept_bytes(log: list, exclude) -> int:
-    """Bytes of the storages in ``log`` still alive, each once, not counting those of ``exclude``."""
-    gc.collect()
+def kept_bytes(log: list, exclude, collect_above: int | None = None) -> int:
+    """Bytes of the storages in ``log`` still alive, each once, not counting those of ``exclude``.
+
+    Reference counting frees most tensors at once; when the count is above ``collect_above`` the
+    cycle collector runs and the count is taken again (a gc.collect costs ~0.1 s, so only when needed).
+    """
     skip = {t.untyped_storage().data_ptr() for t in exclude}
-    alive: dict = {}
-    for ref, ptr, nbytes in log:
-        if ptr not in skip and not ref.expired():
-            alive[ptr] = nbytes
-    return sum(alive.values())
+
+    def count() -> int:
+        alive: dict = {}
+        for ref, ptr, nbytes in log:
+            if ptr not in skip and not ref.expired():
+                alive[ptr] = nbytes
+        return sum(alive.values())
+
+    total = count()
+    if collect_above is not None and total > collect_above:
+        gc.collect()
+        total = count()
+    return total
 
 
-def run_block(call, x, weights, biases, dropout_p, seed, grad_out):
+def run_block(call, x, weights, biases, dropout_p, seed, grad_out, collect_above=None):
     """Forward through ``call(block, x_leaf)``, measure the activations it keeps, then backward."""
     import torch
 
@@ -422,11 +489,15 @@ def run_block(call, x, weights, biases, dropout_p, seed, grad_out):
     block = make_block(ws, bs, dropout_p)
     log: list = []
     torch.manual_seed(seed)
-    with live_storages(log):
-        out = call(block, xl)
-    if not isinstance(out, torch.Tensor):
-        return {"out": out}
-    kept = kept_bytes(log, [xl, out, *ws, *bs])
+    gc.freeze()  # what exists now is not garbage: a later gc.collect() scans only the new objects (fast)
+    try:
+        with live_storages(log):
+            out = call(block, xl)
+        if not isinstance(out, torch.Tensor):
+            return {"out": out}
+        kept = kept_bytes(log, [xl, out, *ws, *bs], collect_above)
+    finally:
+        gc.unfreeze()
     result = {"out": out.detach().clone(), "kept_bytes": kept}
     if not out.requires_grad:
         result["grads"] = _raised(RuntimeError("the output does not require grad, so no gradient can flow back"))
@@ -438,12 +509,12 @@ def run_block(call, x, weights, biases, dropout_p, seed, grad_out):
 
 def checkpoint_probe(entry, x, weights, biases, dropout_p, seed, grad_out):
     """``entry(block, x)``, the student's checkpoint, around a tanh MLP block; torch's own is off limits."""
-    import torch
     import torch.utils.checkpoint as tuc
 
     why = "build checkpointing yourself (a torch.autograd.Function or saved_tensors_hooks)"
     with _banned([(tuc, "checkpoint", why), (tuc, "checkpoint_sequential", why)]):
-        return run_block(lambda block, xl: entry(block, xl), x, weights, biases, dropout_p, seed, grad_out)
+        return run_block(lambda block, xl: entry(block, xl), x, weights, biases, dropout_p, seed, grad_out,
+                         collect_above=x.numel() * x.element_size())
 
 
 # ================================================================================================
@@ -457,7 +528,7 @@ def make_model(weights):
     model = torch.nn.Sequential(torch.nn.Linear(w1.shape[1], w1.shape[0]), torch.nn.Tanh(),
                                 torch.nn.Linear(w2.shape[1], w2.shape[0])).double()
     with torch.no_grad():
-        for p, w in zip(model.parameters(), weights):
+        for p, w in zip(model.parameters(), weights, strict=False):
             p.copy_(w)
     return model
 

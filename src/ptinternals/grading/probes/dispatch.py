@@ -157,14 +157,23 @@ def replay(nodes, values: dict[str, torch.Tensor]) -> list:
         name, target, args, kwargs = node
         if target == "placeholder":
             if name not in values:
-                raise KeyError(f"placeholder {name!r} is not one of the inputs {sorted(values)}")
+                raise KeyError(f"placeholder {name!r} is not one of the inputs {sorted(values)}: a tensor the "
+                               f"graph did not produce must be a 'constant' node that holds the tensor")
             env[name] = values[name]
         elif target == "constant":
             env[name] = args[0]
         elif target == "output":
             return list(resolve(tuple(args)))
         elif isinstance(target, torch._ops.OpOverload):
-            env[name] = target(*resolve(tuple(args)), **resolve(dict(kwargs)))
+            try:
+                env[name] = target(*resolve(tuple(args)), **resolve(dict(kwargs)))
+            except Exception as e:  # say which node failed
+                message = f"replaying node {name!r} ({target}) failed: {e}"
+                try:
+                    err = type(e)(message)
+                except Exception:  # noqa: BLE001  (an exception type that takes other arguments)
+                    err = RuntimeError(message)
+                raise err from None
         else:
             raise TypeError(f"node {name!r}: target must be 'placeholder', 'constant', 'output' or an "
                             f"OpOverload such as aten.mm.default, got {target!r:.80}")
@@ -180,7 +189,7 @@ def trace_and_replay(entry, spec):
     with tracer:
         loss = w.loss()
         loss.backward()
-        tracer.output(loss, *[t.grad for t in w.leaves.values()])
+    tracer.output(loss, *[t.grad for t in w.leaves.values()])  # outside the mode: records no op of its own
     nodes = list(tracer.nodes)
     ops = [str(n[1]) for n in nodes if isinstance(n, tuple) and len(n) == 4
            and isinstance(n[1], torch._ops.OpOverload)]
@@ -228,6 +237,7 @@ def train_quantized(entry, spec):
     for m in linears:
         m.weight = nn.Parameter(entry.quantize(m.weight.detach()), requires_grad=False)
     types = [type(m.weight).__name__ for m in linears]
+    dtypes = [str(m.weight.dtype).replace("torch.", "") for m in linears]
     int_data = [getattr(m.weight, "int_data", None) for m in linears]
     scale = [getattr(m.weight, "scale", None) for m in linears]
     out, loss = train_step(model, x, target, spec[-1])
@@ -236,7 +246,7 @@ def train_quantized(entry, spec):
         out_after = model(x)  # the frozen int8 weights must still work after the step
     return {"types": types, "int_data": int_data, "scale": scale, "out": out.detach(), "loss": loss.detach(),
             "x_grad": x.grad, "trainable_after": trainable, "out_after_step": out_after,
-            "types_after": [type(m.weight).__name__ for m in linears]}
+            "types_after": [type(m.weight).__name__ for m in linears], "dtypes": dtypes}
 
 
 # ================================================================================================

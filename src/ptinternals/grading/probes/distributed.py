@@ -36,9 +36,10 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import weakref
 
-DEADLINE_S = 12.0  # per spawn: the bodies finish in well under a second on a laptop
+DEFAULT_DEADLINE_S = 12.0  # per spawn: the bodies finish in well under a second on a laptop
 SLOT = 4096  # bytes of shared memory per rank for "the call I am in"
 _HUNG: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # entry -> message of its last hang
 
@@ -201,12 +202,15 @@ def _student_namespaces(entry) -> list[dict]:
     return out
 
 
+def _library_frame(filename: str) -> bool:
+    """True for frames that are not the student's: torch, the standard library, the grader."""
+    return any(part in filename for part in ("site-packages", "/lib/python", "/torch/", "ptinternals/grading",
+                                             "ptinternals/distributed/scaffold"))
+
+
 def _student_frames(tb, limit: int = 4) -> str:
     """The frames of a traceback that are the student's code (not torch, not this probe)."""
-    here = os.path.abspath(__file__)
-    frames = [f for f in traceback.extract_tb(tb)
-              if os.path.abspath(f.filename) != here and "site-packages" not in f.filename
-              and "/torch/" not in f.filename and "/lib/python" not in f.filename]
+    frames = [f for f in traceback.extract_tb(tb) if not _library_frame(f.filename)]
     lines = [f"{f.filename} line {f.lineno}, in {f.name}: {(f.line or '').strip()}" for f in frames[-limit:]]
     return "\n".join("      " + ln for ln in lines)
 
@@ -220,6 +224,13 @@ def _rank_main(rank, world_size, body, entry, store_path, slot, result_w, releas
     try:
         import faulthandler
 
+        # What the process itself writes to fd 1 and 2 (a C++ 'terminate called after...' when gloo
+        # aborts) goes to a file the parent shows when this rank dies.
+        log = os.open(dump_path + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        faulthandler.disable()  # a fatal signal is reported by the parent, not dumped here
         dump = open(dump_path, "w")
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False, chain=False)
         import torch
@@ -234,6 +245,7 @@ def _rank_main(rank, world_size, body, entry, store_path, slot, result_w, releas
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=deadline_s + 30))
             trace.events.clear()
+            trace.seq = 0
         data = body(rank, world_size, entry, trace)
         payload = ("ok", data)
     except NotImplementedError as e:
@@ -276,11 +288,20 @@ def _stack_of(dump_path: str) -> str:
         text = open(dump_path).read()
     except OSError:
         return ""
-    here = os.path.basename(__file__)
     keep = [ln.strip() for ln in text.splitlines()
-            if ln.strip().startswith("File") and here not in ln and "site-packages" not in ln and "/lib/python" not in ln]
+            if ln.strip().startswith("File") and not _library_frame(ln)]
     # faulthandler prints the innermost frame first; show the student's frames, innermost first
     return "\n".join("      " + ln for ln in keep[:4])
+
+
+def _tail_of(path: str, lines: int = 4) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()[-4000:]
+    except OSError:
+        return ""
+    keep = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
+    return "\n".join("      " + ln[:300] for ln in keep)
 
 
 def _describe_state(state, now: float) -> str:
@@ -292,15 +313,32 @@ def _describe_state(state, now: float) -> str:
     return f"last call {where} returned; now in other code (or waiting on an async op's Work.wait())"
 
 
-def spawn(body, world_size: int, entry, *, init: bool = True, deadline_s: float = DEADLINE_S,
+def rank_deadline_s() -> float:
+    """Seconds a spawn may take: ``PTINTERNALS_RANK_DEADLINE_S`` (tests shorten it), else the default."""
+    try:
+        return max(1.0, float(os.environ.get("PTINTERNALS_RANK_DEADLINE_S", DEFAULT_DEADLINE_S)))
+    except ValueError:
+        return DEFAULT_DEADLINE_S
+
+
+def spawn(body, world_size: int, entry, *, init: bool = True, deadline_s: float | None = None,
           env: dict | None = None, what: str = "") -> list:
     """Run ``body(rank, world_size, entry, trace)`` in ``world_size`` forked ranks; return their results.
 
     Raises ``NotImplementedError`` when a rank did (the student's stub), :class:`RankCrashError` when
     a rank raised or died, :class:`RankHangError` past ``deadline_s``. Every rank is gone when it returns.
     """
-    if entry in _HUNG:
-        raise RankHangError(_HUNG[entry] + "\n  (this case was not run: an earlier case of this check already hung)")
+    deadline_s = deadline_s or rank_deadline_s()
+    try:
+        hung = _HUNG.get(entry)
+    except TypeError:  # not weak-referenceable
+        hung = None
+    if hung:
+        raise RankHangError(hung + "\n  (this case was not run: an earlier case of this check already hung)")
+    # torch.optim (and torch's DDP) import torch._dynamo on first use, which takes seconds: import it
+    # once here, so that the forked ranks inherit it instead of each importing it again.
+    import torch._dynamo  # noqa: F401
+
     tmp = tempfile.mkdtemp(prefix="pt-ranks-")
     store_path = os.path.join(tmp, "store")
     env = dict(env or {})
@@ -394,6 +432,9 @@ def spawn(body, world_size: int, entry, *, init: bool = True, deadline_s: float 
                            and os.WIFSIGNALED(status) else f"exit code {os.WEXITSTATUS(status)}"
                            if status is not None else "no result")
                     lines.append(f"rank {r} died ({how}) while {_describe_state(states[r], now)}")
+                    said = _tail_of(procs[r][3] + ".log")
+                    if said:
+                        lines.append("    its last words:\n" + said)
             for r in range(world_size):
                 if r not in failed:
                     state = "finished" if r in payloads else _describe_state(states[r], now)
@@ -446,6 +487,27 @@ def spawn(body, world_size: int, entry, *, init: bool = True, deadline_s: float 
 
 
 # ================================================================================================
+# Exercises 6.1, 6.4, 6.7: plain Python
+# ================================================================================================
+def plain_python(entry, *args, **kwargs):
+    """Call ``entry`` and record the torch functions it used (these exercises are arithmetic: the point
+    is to write it, not to ask ``torch.tensor_split`` or ``dist._compute_bucket_assignment_by_size``)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    calls = set()
+
+    class Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            calls.add(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        out = entry(*args, **kwargs)
+    return {"out": out, "calls": sorted(calls)}
+
+
+# ================================================================================================
 # Helpers for the bodies
 # ================================================================================================
 def build_mlp(widths, params):
@@ -478,7 +540,7 @@ def _ready_hooks(model, trace):
         p.register_post_accumulate_grad_hook(lambda param, i=i: trace.mark("ready", i))
 
 
-def _overlap(trace, since: int, backward_end: int) -> dict:
+def _overlap(trace, since: int) -> dict:
     """Where the all-reduces of one backward happened, relative to the gradients becoming ready."""
     ev = trace.events[since:]
     order = [(e[1], e[2]) for e in ev if e[0] in ("call", "mark")]
@@ -544,7 +606,7 @@ def ddp_steps(entry, world_size, spec):
             loss.backward()
             trace.mark("backward_returned")
             ddp.finish_gradient_synchronization()
-            overlaps.append(_overlap(trace, since, 0))
+            overlaps.append(_overlap(trace, since))
             grads.append(_clone_all(p.grad for p in model.parameters()))
             opt.step()
         return {"after_wrap": after_wrap, "grads": grads, "final": _clone_all(model.parameters()),
@@ -623,7 +685,7 @@ def _state_bytes(obj, exclude: set) -> int:
             if o.grad is not None:
                 stack.append((o.grad, depth + 1))
             continue
-        if isinstance(o, nn.Module) or callable(o) and not hasattr(o, "__dict__"):
+        if isinstance(o, (nn.Module, types.ModuleType, types.FunctionType, types.MethodType, type)):
             continue
         if isinstance(o, dict):
             stack += [(v, depth + 1) for v in list(o.values())]
@@ -704,29 +766,30 @@ def fsdp_steps(entry, world_size, spec):
 # ================================================================================================
 # Exercise 6.10: a torchrun trainer that resumes
 # ================================================================================================
-def train_resume(entry, world_size, config):
+def train_resume(entry, world_size, config, stop_after, resume_step):
     """Three launches of ``entry(config)`` in ``world_size`` ranks, with the environment torchrun sets:
-    A) the whole run, saving checkpoints; B) a run that stops early (a crash); C) a run resumed from
-    B's checkpoint. Reports what rank 0 returned each time, and the checkpoint files B left."""
+    A) the whole run, saving checkpoints; B) a run that stops after ``stop_after`` steps (a crash);
+    C) a run resumed from B's ``step{resume_step}.pt``. Reports what rank 0 returned in A and C, and
+    the files B left in its checkpoint folder."""
     tmp = tempfile.mkdtemp(prefix="pt-train-")
 
-    def launch(cfg, label):
+    def launch(label, **overrides):
+        cfg = {**config, "resume": None, "stop_after": None, **overrides}
+
         def body(rank, n, fn, trace):
             out = fn(dict(cfg))
-            calls = trace.calls()
-            return {"result": out if rank == 0 else None, "inits": calls.count("init_process_group")}
+            return out if rank == 0 else None
 
-        return spawn(body, world_size, entry, init=False, what=f"train (run {label})")
+        return spawn(body, world_size, entry, init=False, what=f"train, run {label}")[0]
 
     try:
-        a = launch(dict(config, ckpt_dir=os.path.join(tmp, "a")), "A, uninterrupted")
-        b = launch(dict(config, ckpt_dir=os.path.join(tmp, "b"), stop_after=config["stop_after"]),
-                   "B, stops early")
-        saved = sorted(os.listdir(os.path.join(tmp, "b"))) if os.path.isdir(os.path.join(tmp, "b")) else []
-        resume = os.path.join(tmp, "b", f"step{config['resume_step']}.pt")
-        c = launch(dict(config, ckpt_dir=os.path.join(tmp, "c"), resume=resume), "C, resumed") \
+        a = launch("A (uninterrupted)", ckpt_dir=os.path.join(tmp, "a"))
+        b_dir = os.path.join(tmp, "b")
+        launch(f"B (stops after step {stop_after})", ckpt_dir=b_dir, stop_after=stop_after)
+        saved = sorted(os.listdir(b_dir)) if os.path.isdir(b_dir) else []
+        resume = os.path.join(b_dir, f"step{resume_step}.pt")
+        c = launch(f"C (resumed from step{resume_step}.pt)", ckpt_dir=os.path.join(tmp, "c"), resume=resume) \
             if os.path.exists(resume) else None
-        return {"a": a[0]["result"], "c": None if c is None else c[0]["result"], "files_b": saved,
-                "inits": [r["inits"] for r in a]}
+        return {"a": a, "c": c, "files_b": saved}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,112 @@
+"""The built book: builds with no warnings, renders offline, answers quiz clicks, leaks no solution."""
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from .conftest import ROOT
+
+pytestmark = [pytest.mark.slow]
+
+
+def toc_chapters() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [c["file"] for part in toc["parts"] for c in part["chapters"] if c["file"].startswith("notebooks/")]
+
+
+def solution_lines(assignment: str) -> list[str]:
+    """Distinctive lines of solution code and hidden tests: none may appear in the book."""
+    nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+    lines = []
+    for cell in nb.cells:
+        for block in re.findall(r"### BEGIN (?:SOLUTION|HIDDEN TESTS)(.*?)### END", cell.source, re.S):
+            for line in block.splitlines():
+                text = line.strip()
+                if len(text) >= 24 and not text.startswith("#"):
+                    lines.append(text)
+    return lines
+
+
+def page_text(html_path: Path) -> str:
+    import html as html_lib
+
+    return html_lib.unescape(re.sub(r"<[^>]+>", "", html_path.read_text()))
+
+
+def test_every_toc_chapter_is_built(built_book):
+    chapters = toc_chapters()
+    assert chapters, "no chapter in _toc.yml"
+    for chapter in chapters:
+        assert (built_book / f"{chapter}.html").exists(), chapter
+
+
+def test_no_solution_text_anywhere_in_the_book(built_book):
+    pages = {p: page_text(p) for p in built_book.rglob("*.html")}
+    sources = list((built_book / "_sources").rglob("*")) if (built_book / "_sources").exists() else []
+    for path in sources:
+        if path.is_file():
+            pages[path] = path.read_text(errors="replace")
+    for chapter in toc_chapters():
+        assignment = Path(chapter).name
+        lines = solution_lines(assignment)
+        assert lines, f"{assignment}: found no solution lines to look for"
+        for path, text in pages.items():
+            assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text, path
+            leaked = [line for line in lines if line in text]
+            assert not leaked, f"{path} contains solution code of {assignment}: {leaked[:3]}"
+
+
+def test_student_notebooks_fail_only_with_not_implemented(built_book):
+    executed = ROOT / "_build" / "jupyter_execute"
+    for chapter in toc_chapters():
+        nb = nbformat.read(executed / f"{chapter}.ipynb", as_version=4)
+        checks = 0
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            errors = [o for o in cell.outputs if o.output_type == "error"]
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("grade") and meta.get("grade_id", "").endswith("_tests"):
+                checks += 1
+                assert errors and errors[0].ename == "NotImplementedYet", (chapter, meta["grade_id"], errors)
+                assert "is not implemented yet" in errors[0].evalue
+            else:
+                assert not errors, (chapter, meta.get("grade_id"), [e.evalue[:300] for e in errors])
+        assert checks >= 6, f"{chapter}: only {checks} check cells"
+
+
+def test_pages_render_offline_with_figures(built_book, book_server, browser):
+    for chapter in ["book/intro", *toc_chapters()]:
+        page = browser.new_page()
+        requests = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(f"{book_server}/{chapter}.html", wait_until="networkidle")
+        assert "PyTorch Internals" in page.title()
+        foreign = [u for u in requests if not u.startswith(book_server) and not u.startswith("data:")]
+        assert not foreign, f"{chapter} fetched from the network: {foreign}"
+        if chapter.startswith("notebooks/"):
+            assert page.locator(".cell_output img").count() >= 1, f"{chapter} shows no figure"
+            assert page.locator(".MCButton, .Input-text").count() >= 1, f"{chapter} shows no quiz"
+        page.close()
+
+
+def test_quiz_answers_a_click_without_a_kernel(built_book, book_server, browser):
+    page = browser.new_page()
+    page.goto(f"{book_server}/notebooks/ch01_strides/ch01_strides.html", wait_until="networkidle")
+    quiz = page.locator(".Quiz").filter(has_text="Which statement is true").first
+    wrong = quiz.locator(".MCButton").filter(has_text="is a copy with strides")
+    wrong.click()
+    assert "Not quite" in quiz.locator(".Feedback").inner_text()
+    right = quiz.locator(".MCButton").filter(has_text="shares")
+    right.click()
+    assert "Correct" in quiz.locator(".Feedback").inner_text()
+    page.close()
+
+
+def test_exercises_show_as_tasks(built_book):
+    text = page_text(built_book / "notebooks" / "ch01_strides" / "ch01_strides.html")
+    assert text.count("raise NotImplementedError()") >= 8
+    assert "check(\"ch01.view_strides\", view_strides)" in text or "check(&quot;" in text or "ch01.view_strides" in text
