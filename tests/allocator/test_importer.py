@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from allocator_helpers import fake_recording  # noqa: E402  (tests/allocator is on sys.path)
 
 from ptinternals.allocator import GiB, MiB, parse_alloc_conf, predict_peak_reserved, to_alloc_conf
 from ptinternals.allocator.importer import insert_step_markers, trace_from_device_trace
@@ -16,6 +15,8 @@ from ptinternals.allocator.recorder import (
     replay_on_gpu,
 )
 from ptinternals.allocator.workloads import FRAGMENTATION_CAPACITY, fragmenting_trace, random_trace
+
+from .allocator_helpers import fake_recording
 
 S1 = 94_000_000_000_000  # a side stream's cudaStream_t value
 

@@ -2,7 +2,9 @@
 
 Modules (each names the C++ it mirrors):
 
-    config       constants, PYTORCH_CUDA_ALLOC_CONF settings and parser, format_size
+    scaffold     what the exercises build on (importable while grading): the constants, block
+                 states, Segment, the trace format, fragmenting_trace; with device.DeviceMemory
+    config       PYTORCH_CUDA_ALLOC_CONF settings and parser, format_size (constants re-exported)
     sizes        (a) round_size, get_allocation_size, is_small
     policy       (b) find_best_fit (get_free_block), should_split
     segment_ops  (c) merge_free_neighbours (free_block), (d) release_cached_segments (empty_cache)
@@ -17,6 +19,7 @@ Modules (each names the C++ it mirrors):
     importer     recorded GPU device traces -> model traces
     recorder     GPU only: record_trace_on_gpu, compare_fidelity, replay_on_gpu, compare_replay
                  (``python -m ptinternals.allocator.recorder --out DIR`` runs the fidelity check)
+    exercises    chapter 4's graded exercises 4.1-4.9 (checkers, cases, likely causes)
 """
 
 from .allocator import CachingAllocator, OutOfMemoryError

@@ -11,75 +11,44 @@ import random
 import weakref
 from collections.abc import Callable
 
-from .config import GiB, MiB
-
-# exercise (e): the fragmenting trace runs out of memory on this GPU although it never holds more
-# than about a third of it in live tensors
-FRAGMENTATION_CAPACITY = 1 * GiB
-
-
-def fragmenting_trace(
-    steps: int = 11, *, big_start: int = 64 * MiB, big_growth: int = 8 * MiB, keep_extra: int = 2 * MiB
-) -> list[tuple]:
-    """Interleaved short-lived buffers and long-lived tensors, both growing: a trace that fragments.
-
-    Step k allocates a scratch buffer of ``s_k = big_start + k * big_growth`` bytes, then a tensor
-    of ``s_k / 2 + keep_extra`` bytes that lives to the end (a cached result), then frees the
-    scratch buffer. Best fit puts each kept tensor into the previous step's freed scratch segment
-    (no other free block is big enough) and splits it; the free tail of that segment is smaller than
-    every later request, and the next scratch buffer (bigger again) fits nowhere, so a new segment
-    is cudaMalloc'd. Reserved memory grows by ``s_k`` per step while allocated memory grows by about
-    ``s_k / 2``: the GPU runs out with a large "reserved but unallocated" share that the OOM retry
-    (``release_cached_blocks``, i.e. an ``empty_cache``) cannot return: no segment is entirely free.
-    Fixes: ``max_split_size_mb`` (scratch blocks become oversize, never split for kept tensors),
-    preallocating one scratch buffer, allocating the kept tensors first, or an ``empty_cache()``
-    right after each scratch free (before a kept tensor can pin the segment; costs a cudaMalloc).
-    """
-    for name, v, lo in (
-        ("steps", steps, 1),
-        ("big_start", big_start, 1),
-        ("big_growth", big_growth, 0),
-        ("keep_extra", keep_extra, 0),
-    ):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name} must be a {'positive' if lo else 'non-negative'} int, got {v!r}")
-    trace: list[tuple] = []
-    for k in range(steps):
-        scratch = big_start + k * big_growth
-        trace.append(("alloc", f"scratch{k}", scratch, 0))
-        trace.append(("alloc", f"keep{k}", scratch // 2 + keep_extra, 0))
-        trace.append(("free", f"scratch{k}"))
-        trace.append(("step", k))
-    return trace
+from .config import MiB
+from .scaffold import FRAGMENTATION_CAPACITY, fragmenting_trace  # the workload of exercise (e)
 
 
 def check_fragmentation_fix(
-    fixed_trace: list, *, config=None, steps: int = 11, capacity: int = FRAGMENTATION_CAPACITY
+    fixed_trace: list,
+    *,
+    original: list | None = None,
+    config=None,
+    steps: int = 11,
+    capacity: int = FRAGMENTATION_CAPACITY,
 ) -> dict:
-    """Exercise (e), checker: does a student's rewrite of ``fragmenting_trace(steps)`` still do the
-    same work and fit on the GPU?
+    """Exercise (e), checker: does a rewrite of a fragmenting trace still do the same work, and fit?
 
-    The work: every ``keep{k}`` is allocated with its original size and is live at the end, and for
-    every step k some scratch allocation (id starting with "scratch") of at least the original
-    ``scratch{k}`` size exists at some point. Returns {"ok", "fits", "problems", "oom"}.
+    ``original`` is the trace that was rewritten (default ``fragmenting_trace(steps)``). The work:
+    every allocation of the original whose id does not start with "scratch" (the ``keep{k}``
+    tensors) is allocated with its original size and is live at the end; and for every scratch
+    allocation of the original, some scratch allocation (id starting with "scratch") of at least
+    its size exists at some point. Returns {"ok", "fits", "problems", "oom", "oom_event",
+    "peak_reserved"}.
     """
     from .trace import replay, validate_trace
 
     events = validate_trace(fixed_trace)
-    original = fragmenting_trace(steps)
+    original = fragmenting_trace(steps) if original is None else validate_trace(original)
     sizes = {e[1]: e[2] for e in original if e[0] == "alloc"}
     problems = []
     allocs = {e[1]: e[2] for e in events if e[0] == "alloc"}
     freed = {e[1] for e in events if e[0] == "free"}
     scratch = [n for i, n in allocs.items() if str(i).startswith("scratch")]
-    for k in range(steps):
-        key = f"keep{k}"
-        if allocs.get(key) != sizes[key]:
-            problems.append(f"{key} must be allocated with {sizes[key]} bytes, got {allocs.get(key)}")
+    for key, size in sizes.items():
+        if str(key).startswith("scratch"):
+            if not any(n >= size for n in scratch):
+                problems.append(f"no scratch buffer of >= {size} bytes (for {key})")
+        elif allocs.get(key) != size:
+            problems.append(f"{key} must be allocated with {size} bytes, got {allocs.get(key)}")
         elif key in freed:
             problems.append(f"{key} must stay live to the end (it is freed)")
-        if not any(n >= sizes[f"scratch{k}"] for n in scratch):
-            problems.append(f"no scratch buffer of >= {sizes[f'scratch{k}']} bytes for step {k}")
     result = replay(events, capacity, config=config)
     fits_ = result.oom is None
     return {
@@ -87,6 +56,8 @@ def check_fragmentation_fix(
         "fits": fits_,
         "problems": problems,
         "oom": None if fits_ else result.oom["message"],
+        "oom_event": None if fits_ else result.oom["event_index"],
+        "peak_reserved": result.peak_reserved,
     }
 
 
