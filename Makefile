@@ -17,8 +17,9 @@ venv:
 	@scripts/bootstrap.sh
 
 # For students: JupyterLab on the chapter notebooks (quiz answers are saved beside each notebook).
+LAB_DIR ?= notebooks
 lab: venv
-	cd notebooks && ../.venv/bin/jupyter lab
+	cd $(LAB_DIR) && $(CURDIR)/.venv/bin/jupyter lab $(LAB_ARGS)
 
 # For authors: regenerate solutions/*/ notebooks, student notebooks and quiz banks from their sources.
 notebooks: venv

@@ -80,7 +80,7 @@ def _exact(x, base):
     if base is int:
         return int.__add__(x, 0)
     if base is float:
-        return float.__add__(x, 0.0)
+        return float.__float__(x)  # the base method: keeps -0.0, ignores an overridden __float__
     if base is str:
         return str.__str__(x)
     if base is tuple:
@@ -440,8 +440,9 @@ def main(job_dir: str, out_dir: str) -> int:
                 _signal(signal.SIGALRM, on_alarm)
                 _setitimer(signal.ITIMER_REAL, float(ex.get("timeout_s", 20)))
                 for case in ex["cases"]:
-                    args = _decode(case["args"], arrays_in, device=job.get("device", "cpu"))
-                    kwargs = _decode(case.get("kwargs", {"__dict__": []}), arrays_in, device=job.get("device", "cpu"))
+                    device = ex.get("device", job.get("device", "cpu"))
+                    args = _decode(case["args"], arrays_in, device=device)
+                    kwargs = _decode(case.get("kwargs", {"__dict__": []}), arrays_in, device=device)
                     storages = _storages(args, kwargs)
                     got = _call(entry, args, kwargs, probe)
                     if isinstance(got, Raised) and got.type == "MemoryError":

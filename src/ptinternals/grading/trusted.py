@@ -148,7 +148,7 @@ def run_exercises(cells: list[dict], exercises: list[Exercise], config: SandboxC
         encoded = [{"args": _runtime.encode(c.args, arrays), "kwargs": _runtime.encode(c.kwargs, arrays)}
                    for c in cases[ex.id]]
         job_exercises.append({"id": ex.id, "entry": ex.entry, "probe": ex.probe, "timeout_s": ex.timeout_s,
-                              "cases": encoded})
+                              "cases": encoded, "device": config.device if ex.gpu else "cpu"})
     outcomes: dict[str, Outcome] = {}
     skip_cells: list[str] = []
     reported_cells: set[str] = set()
@@ -175,7 +175,7 @@ def run_exercises(cells: list[dict], exercises: list[Exercise], config: SandboxC
                         outcomes[ex.id] = Outcome(ex.id, False, len(cases[ex.id]), len(cases[ex.id]),
                                                   f"{ex.name}: the grader could not run your code: "
                                                   f"the sandbox {result.describe()} before starting.\n"
-                                                  f"{result.stderr_tail[-800:]}", "crashed", 0.0, config.device)
+                                                  f"{result.stderr_tail[-800:]}", "crashed", 0.0, _device(ex, config))
                 report.events.append(f"sandbox failed before any cell ran: {result.describe()}; "
                                      f"stderr: {result.stderr_tail[-300:]}")
                 break
@@ -189,11 +189,15 @@ def run_exercises(cells: list[dict], exercises: list[Exercise], config: SandboxC
                 outcomes[ex.id] = Outcome(ex.id, False, len(cases[ex.id]), len(cases[ex.id]),
                                           f"{ex.name}: your code {result.describe()} while this exercise was being "
                                           f"checked (its other cases could not run).", category, result.wall_s,
-                                          config.device)
+                                          _device(ex, config))
                 report.events.append(f"{ex.id}: sandbox {result.describe()}")
         finally:
             cleanup(result)
     return outcomes
+
+
+def _device(ex: Exercise, config: SandboxConfig) -> str:
+    return config.device if ex.gpu else "cpu"
 
 
 def _blame(result: SandboxResult):
@@ -212,7 +216,11 @@ def _collect(result, cells, todo, cases, expected, outcomes, report, reported_ce
     cells_file = result.out_dir / "cells.json"
     if cells_file.exists():
         try:
+            forbidden = {m for ex in todo for m in ex.forbid}
             for c in json.loads(cells_file.read_text())[: len(cells)]:
+                if isinstance(c, dict) and c.get("error") in ("ModuleNotFoundError", "ImportError", "ForbiddenModuleError") \
+                        and any(m in str(c.get("message", "")) for m in forbidden):
+                    continue  # a run in which that module is deliberately missing: not the student's error
                 if isinstance(c, dict) and c.get("status") == "error" and c.get("id") not in reported_cells:
                     reported_cells.add(c.get("id"))
                     report.cell_errors.append({k: str(c.get(k, ""))[:500] for k in ("id", "error", "message", "where")})
@@ -225,8 +233,8 @@ def _collect(result, cells, todo, cases, expected, outcomes, report, reported_ce
         status = raw.get("status", "harness-error")
         if status not in ("ok", "missing", "timeout", "memory"):
             status = "crashed"
-        outcomes[ex.id] = evaluate(ex, cases[ex.id], raw.get("decoded", []), expected[ex.id], device=device,
-                                   status=status, seconds=float(raw.get("s", 0.0)))
+        outcomes[ex.id] = evaluate(ex, cases[ex.id], raw.get("decoded", []), expected[ex.id],
+                                   device=device if ex.gpu else "cpu", status=status, seconds=float(raw.get("s", 0.0)))
 
 
 def grade_notebook(nb, chapter: Chapter, folder: str | Path, config: SandboxConfig, *, student: str = "",
@@ -250,7 +258,9 @@ def grade_notebook(nb, chapter: Chapter, folder: str | Path, config: SandboxConf
         o = outcomes[ex.id]
         message = o.message
         if not o.passed and o.category in ("error", "missing", "not-implemented"):
-            related = [c for c in report.cell_errors]
+            own_cell = ex.grade_id.replace("_tests", "_code")
+            related = [c for c in report.cell_errors if c["id"] == own_cell] or \
+                      ([c for c in report.cell_errors] if o.category == "missing" else [])
             if related:
                 c = related[0]
                 message += (f"\n  note: answer cell {c['id']} raised {c['error']}: {c['message']}"

@@ -124,7 +124,7 @@ def _torch_sum_to(grad, shape):
 
 
 @contextlib.contextmanager
-def _correct_unbroadcast(entry):
+def _torch_unbroadcast_in(entry):
     """Grade the formulas on their own: the student's ``unbroadcast`` (Exercise 2.1, graded there) is
     replaced by torch's ``sum_to_size`` while they run, so one mistake costs points in one exercise."""
     namespace = getattr(entry, "__globals__", None)
@@ -142,7 +142,7 @@ def _correct_unbroadcast(entry):
 def formula_probe(entry, op, grad, *saved):
     """``entry(op, grad, *saved)`` on tensors, then on Variables; torch.autograd is off limits."""
     why = "write the backward formula with tensor operations (torch.autograd would compute it for you)"
-    with _no_autograd_calls(why), _correct_unbroadcast(entry):
+    with _no_autograd_calls(why), _torch_unbroadcast_in(entry):
         out = entry(op, grad, *saved)
         try:
             as_variable = _from_variable(entry(op, _to_variable(grad), *(_to_variable(s) for s in saved)))

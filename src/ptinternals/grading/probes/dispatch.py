@@ -144,6 +144,9 @@ def replay(nodes, values: dict[str, torch.Tensor]) -> list:
             if x.node not in env:
                 raise KeyError(f"Ref({x.node!r}) points at no earlier node")
             value = env[x.node]
+            if x.index is None and isinstance(value, (tuple, list)):
+                raise TypeError(f"Ref({x.node!r}) points at a node that returned {len(value)} values: refer to "
+                                f"its i-th output as Ref({x.node!r}, i)")
             return value if x.index is None else value[x.index]
         if isinstance(x, (list, tuple)):
             return type(x)(resolve(y) for y in x)
@@ -168,7 +171,8 @@ def replay(nodes, values: dict[str, torch.Tensor]) -> list:
             try:
                 env[name] = target(*resolve(tuple(args)), **resolve(dict(kwargs)))
             except Exception as e:  # say which node failed
-                message = f"replaying node {name!r} ({target}) failed: {e}"
+                first = (str(e).strip().splitlines() or [""])[0][:300]
+                message = f"replaying node {name!r} ({target}) failed: {first}"
                 try:
                     err = type(e)(message)
                 except Exception:  # noqa: BLE001  (an exception type that takes other arguments)
@@ -191,12 +195,13 @@ def trace_and_replay(entry, spec):
         loss.backward()
     tracer.output(loss, *[t.grad for t in w.leaves.values()])  # outside the mode: records no op of its own
     nodes = list(tracer.nodes)
-    ops = [str(n[1]) for n in nodes if isinstance(n, tuple) and len(n) == 4
-           and isinstance(n[1], torch._ops.OpOverload)]
+    calls = [n for n in nodes if isinstance(n, tuple) and len(n) == 4 and isinstance(n[1], torch._ops.OpOverload)]
+    ops = [str(n[1]) for n in calls]
+    kwargs = [sorted(n[3]) if isinstance(n[3], dict) else [] for n in calls]
     fresh = make_workload(spec, seed=1)
     with torch.no_grad():
         outs = replay(nodes, {k: v.detach().clone() for k, v in fresh.leaves.items()})
-    return {"ops": ops, "replay": outs}
+    return {"ops": ops, "kwargs": kwargs, "replay": outs}
 
 
 def eager_loss_and_grads(spec, seed: int = 1) -> list[torch.Tensor]:

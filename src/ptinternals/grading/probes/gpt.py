@@ -96,7 +96,7 @@ def probe_trajectory(state, batches, *, dropout=0.0, layer_norm=None, wrap=None,
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return {"losses": losses, "params": _params_out(model)}
 
 
@@ -141,13 +141,14 @@ def _dispatched(fn):
     return out, sorted(names)
 
 
-def layer_norm_op(entry, kind: str, *args):
-    """``kind`` "unit": forward + backward on (x, weight, bias, eps, dy), the ops dispatched, a fake run;
-    "train": a ProbeLM trajectory with ``entry`` as its layer norm (args: state, batches)."""
-    if kind == "train":
-        state, batches = args
+def layer_norm_op(entry, x=None, weight=None, bias=None, eps=1e-5, *, dy=None, swapped_into_model=None):
+    """``entry(x, weight, bias, eps)``: forward, backward with ``dy``, the ops dispatched, and a run under
+    FakeTensorMode; or, with ``swapped_into_model=(state, batches)``, a ProbeLM trajectory with ``entry``
+    as its layer norm."""
+    if swapped_into_model is not None:
+        state, batches = swapped_into_model
         return probe_trajectory(state, batches, layer_norm=entry)
-    x, weight, bias, eps, dy = args
+    plain = (x.detach(), weight.detach(), None if bias is None else bias.detach())
     x = x.detach().requires_grad_(True)
     weight = weight.detach().requires_grad_(True)
     bias = None if bias is None else bias.detach().requires_grad_(True)
@@ -156,10 +157,9 @@ def layer_norm_op(entry, kind: str, *args):
     try:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        with FakeTensorMode() as mode:
-            fx = mode.from_tensor(x.detach())
-            fw = mode.from_tensor(weight.detach())
-            fb = None if bias is None else mode.from_tensor(bias.detach())
+        mode = FakeTensorMode()
+        fx, fw, fb = (None if t is None else mode.from_tensor(t) for t in plain)
+        with mode:
             fake = tuple(entry(fx, fw, fb, eps).shape)
     except Exception as e:  # no register_fake, or an implementation that reads data
         fake = f"{type(e).__name__}: {str(e)[:300]}"
@@ -221,6 +221,10 @@ def _matmul_dtypes(fn):
     return out, sorted(dtypes)
 
 
+def _as_float(v):
+    return float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+
+
 def train_step_probe(entry, state, steps, amp: str, grad_clip: float, lr: float = 0.1):
     """Run ``entry(model, optimizer, scaler, batches, amp_dtype, grad_clip)`` for each step's batches
     (a list of micro-batches) on ProbeLM; ``amp`` is "none", "bfloat16" or "float16" (+ GradScaler)."""
@@ -236,8 +240,8 @@ def train_step_probe(entry, state, steps, amp: str, grad_clip: float, lr: float 
         out, seen = _matmul_dtypes(lambda: entry(model, opt, scaler, list(micro), amp_dtype, grad_clip))
         dtypes.update(seen)
         loss, norm = out
-        losses.append(float(loss))
-        norms.append(float(norm))
+        losses.append(_as_float(loss))
+        norms.append(_as_float(norm))
     grads_left = sum(1 for p in model.parameters() if p.grad is not None and bool(p.grad.abs().sum() > 0))
     return {"losses": losses, "grad_norms": norms, "params": _params_out(model), "matmul_dtypes": sorted(dtypes),
             "grads_left": grads_left}
@@ -282,7 +286,7 @@ def _ddp_rank(entry, rank, world, init_file, state, batches, lr, queue):
             (out[1] / 2).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(float(out[1]))
+            losses.append(float(out[1].detach()))
         for name, f in originals.items():
             setattr(dist, name, f)
         dist.destroy_process_group()

@@ -27,14 +27,19 @@ student's op, in the grader with ``F.layer_norm``.
 Runs next to student code: imports only torch, triton, numpy, the standard library and
 ``ptinternals.benchmark``; contains no solution.
 """
+
 from __future__ import annotations
 
 GUARD_BEFORE = 16 << 10  # bytes of guard before every tensor
-GUARD_AFTER = 64 << 10  # bytes of guard after it (plus 4x the tensor's own extent)
+GUARD_AFTER = 64 << 10  # bytes of guard after it, plus 4x the tensor's own bytes (offsets in bytes, not
+#                         elements, land there), at most GUARD_SCALED_MAX
+GUARD_SCALED_MAX = 16 << 20
 FILL = 0xFF  # guards of inputs, and all of a fresh torch.empty: NaN in fp16, bf16, fp32 and fp64
 FILL_ALLOC = 0xFE  # guards of what the wrapper allocates (a NaN stored there must not look untouched)
-SKIP_BF16 = ("bf16 is checked on a GPU only: the Triton interpreter computes bf16 wrongly "
-             "(this case runs when the grader has a GPU)")
+SKIP_BF16 = (
+    "bf16 is checked on a GPU only: the Triton interpreter computes bf16 wrongly "
+    "(this case runs when the grader has a GPU)"
+)
 SKIP_PERF = "performance is measured on a GPU only (this case runs when the grader has a GPU)"
 
 
@@ -45,11 +50,11 @@ def _extent(t) -> int:
     """Elements between t's first and last addressed element, inclusive (0 for an empty tensor)."""
     if t.numel() == 0:
         return 0
-    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
 
 
 def _overlapping(t) -> bool:
-    return any(st == 0 and s > 1 for s, st in zip(t.shape, t.stride()))
+    return any(st == 0 and s > 1 for s, st in zip(t.shape, t.stride(), strict=True))
 
 
 def guarded(t, *, copy_values: bool = True, fill: int = FILL):
@@ -66,7 +71,7 @@ def guarded(t, *, copy_values: bool = True, fill: int = FILL):
     elem = t.element_size()
     before = GUARD_BEFORE // elem
     extent = _extent(t)
-    after = (GUARD_AFTER + 4 * extent * elem) // elem
+    after = (GUARD_AFTER + min(4 * extent * elem, GUARD_SCALED_MAX)) // elem
     base = torch.empty(before + extent + after, dtype=t.dtype, device=t.device)
     raw = base.view(torch.uint8)
     start, end = before * elem, (before + extent) * elem
@@ -119,8 +124,11 @@ def _guard_mode():
             out = func(*args, **kwargs)
             if not isinstance(out, torch.Tensor) or out.device.type == "meta":
                 return out
-            inputs = {a.untyped_storage().data_ptr() for a in _tensors((args, kwargs)) if a.layout == torch.strided
-                      and a.device.type != "meta"}
+            inputs = {
+                a.untyped_storage().data_ptr()
+                for a in _tensors((args, kwargs))
+                if a.layout == torch.strided and a.device.type != "meta"
+            }
             if out.layout != torch.strided or out.untyped_storage().data_ptr() in inputs:
                 return out  # a view or an in-place result: no new memory
             fresh = name.startswith(("empty", "new_empty"))  # uninitialized memory: make it NaN
@@ -234,8 +242,12 @@ def _inputs(spec, device):
         m, n = shape
         x, w, b, dy = rand(m, n), rand(n), rand(n), rand(m, n)
         _, mean, rstd = torch.native_layer_norm(x, [n], w, b, 1e-5)
-        return ((dy, x, w, mean.view(m), rstd.view(m)),
-                lambda: torch.ops.aten.native_layer_norm_backward(dy, x, [n], mean, rstd, w, b, [True, True, True]))
+        return (
+            (dy, x, w, mean.view(m), rstd.view(m)),
+            lambda: torch.ops.aten.native_layer_norm_backward(
+                dy, x, [n], mean, rstd, w, b, [True, True, True]
+            ),
+        )
     if kind == "matmul":
         m, n, k = shape
         a, b = rand(m, k), rand(k, n)
@@ -271,15 +283,24 @@ def benchmark(entry, spec):
     if isinstance(want, (tuple, list)):
         want = want[0]
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
-        return {"device": "cuda", "error": f"returned {type(got).__name__} "
-                f"{tuple(got.shape) if isinstance(got, torch.Tensor) else ''}, expected shape {tuple(want.shape)}"}
+        return {
+            "device": "cuda",
+            "error": f"returned {type(got).__name__} "
+            f"{tuple(got.shape) if isinstance(got, torch.Tensor) else ''}, expected shape {tuple(want.shape)}",
+        }
     err = (got.float() - want.float()).abs().max().item()
     t_ours, t_theirs = [], []
     for _ in range(2):  # interleaved, best median of two: clocks and neighbours drift
         t_theirs.append(time_ms(theirs, "cuda"))
         t_ours.append(time_ms(ours, "cuda"))
-    return {"device": "cuda", "gpu": torch.cuda.get_device_name(), "ms": min(t_ours), "torch_ms": min(t_theirs),
-            "max_abs_err": err, "ref_max_abs": want.float().abs().max().item()}
+    return {
+        "device": "cuda",
+        "gpu": torch.cuda.get_device_name(),
+        "ms": min(t_ours),
+        "torch_ms": min(t_theirs),
+        "max_abs_err": err,
+        "ref_max_abs": want.float().abs().max().item(),
+    }
 
 
 # ================================================================================================
@@ -296,11 +317,11 @@ def small_model_losses(layer_norm, x, y, steps: int = 6, lr: float = 0.2) -> lis
     g = torch.Generator().manual_seed(7)
     d_in, d_hidden = x.shape[1], 24
     dev = x.device
-    w1 = (torch.randn(d_in, d_hidden, generator=g) * d_in ** -0.5).to(dev).requires_grad_()
+    w1 = (torch.randn(d_in, d_hidden, generator=g) * d_in**-0.5).to(dev).requires_grad_()
     b1 = torch.zeros(d_hidden, device=dev, requires_grad=True)
     ln_w = torch.ones(d_hidden, device=dev, requires_grad=True)
     ln_b = torch.zeros(d_hidden, device=dev, requires_grad=True)
-    w2 = (torch.randn(d_hidden, y.shape[1], generator=g) * d_hidden ** -0.5).to(dev).requires_grad_()
+    w2 = (torch.randn(d_hidden, y.shape[1], generator=g) * d_hidden**-0.5).to(dev).requires_grad_()
     params = [w1, b1, ln_w, ln_b, w2]
     losses = []
     for _ in range(steps):
@@ -308,7 +329,7 @@ def small_model_losses(layer_norm, x, y, steps: int = 6, lr: float = 0.2) -> lis
         loss = ((torch.relu(h) @ w2 - y) ** 2).mean()
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
-            for p, gr in zip(params, grads):
+            for p, gr in zip(params, grads, strict=True):
                 p -= lr * gr
         losses.append(float(loss.item()))
     return losses
