@@ -1,12 +1,14 @@
 """Chapter 5, mixed precision (AMP).
 
-- ``formats``: fp32/tf32/bf16/fp16/fp8 layouts, ``decompose``, ``encode``/``decode`` (exercise 1)
-- ``rounding``: fp32 -> bf16/fp16 by integer ops, bit-exact vs ``tensor.to`` (exercises 2, 3)
-- ``scaler_kernels``: ``update_scale`` and the unscale/inf-check kernel (exercise 4)
-- ``grad_scaler``: ``GradScaler`` from scratch, equal to ``torch.amp.GradScaler`` (exercise 5)
-- ``trainer``: manual mixed precision with fp32 master weights (exercise 6) and its autocast reference
+- ``formats``: fp32/tf32/bf16/fp16/fp8 layouts, ``decompose``, ``encode``/``decode`` (exercises 5.1, 5.2)
+- ``rounding``: fp32 -> bf16/fp16 by integer ops, bit-exact vs ``tensor.to`` (exercises 5.3, 5.4)
 - ``autocast_policy`` / ``inspector``: autocast's cast lists and a dispatch mode that shows the
-  dtype every op ran in (exercise 7: predict ``ProbeNet``'s layer dtypes)
+  dtype every op ran in (exercise 5.5: predict the dtype of each layer)
+- ``scaler_kernels``: ``update_scale`` and the unscale/inf-check kernel (exercise 5.6)
+- ``grad_scaler``: ``GradScaler`` from scratch, equal to ``torch.amp.GradScaler`` (exercise 5.7)
+- ``trainer``: manual mixed precision with fp32 master weights (exercises 5.8, 5.9) and its autocast
+  reference; ``scaffold``: the MLP it trains (visible to graded code: no solution inside)
+- ``exercises``: the graded exercises and their checkers
 """
 
 from .autocast_policy import autocast_output_dtype, autocast_policy

@@ -29,61 +29,23 @@ need the scaler at all. Keep CPU runs tiny: bf16/fp16 matmuls are 12-18x slower 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from .scaffold import UNDERFLOW_CONFIG, MLPConfig, init_mlp_params, make_regression_data, mlp_forward
+
+__all__ = [
+    "UNDERFLOW_CONFIG",
+    "MLP",
+    "MLPConfig",
+    "init_mlp_params",
+    "make_regression_data",
+    "mlp_forward",
+    "reference_autocast_train_steps",
+    "train_steps",
+]
+
 _LOW = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@dataclass(frozen=True)
-class MLPConfig:
-    """A 2-layer MLP regression: (B, d_in) -> Linear -> ReLU -> Linear -> (B, d_out), MSE loss."""
-
-    d_in: int = 16
-    d_hidden: int = 32
-    d_out: int = 8
-    seed: int = 0
-    loss_weight: float = 1.0  # multiplies the mse loss; 2**-20 makes fp16 gradients underflow
-
-    def __post_init__(self):
-        for name in ("d_in", "d_hidden", "d_out"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if not isinstance(self.loss_weight, (int, float)) or not (
-            math.isfinite(self.loss_weight) and self.loss_weight > 0
-        ):
-            raise ValueError(f"loss_weight must be a finite float > 0, got {self.loss_weight!r}")
-
-
-UNDERFLOW_CONFIG = MLPConfig(loss_weight=2.0**-20)
-
-
-def init_mlp_params(cfg: MLPConfig, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """fp32 master weights: w1 (d_hidden, d_in), b1 (d_hidden,), w2 (d_out, d_hidden), b2 (d_out,)."""
-    if not isinstance(cfg, MLPConfig):
-        raise TypeError(f"cfg must be an MLPConfig, got {type(cfg).__name__}")
-    g = torch.Generator().manual_seed(cfg.seed)
-
-    def uniform(shape, fan_in):  # nn.Linear's default init range, +-1/sqrt(fan_in)
-        bound = 1.0 / math.sqrt(fan_in)
-        return ((torch.rand(shape, generator=g) * 2 - 1) * bound).to(device)
-
-    return {
-        "w1": uniform((cfg.d_hidden, cfg.d_in), cfg.d_in),
-        "b1": uniform((cfg.d_hidden,), cfg.d_in),
-        "w2": uniform((cfg.d_out, cfg.d_hidden), cfg.d_hidden),
-        "b2": uniform((cfg.d_out,), cfg.d_hidden),
-    }
-
-
-def mlp_forward(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """(B, d_in) -> (B, d_out) in whatever dtype ``params`` and ``x`` have (they must agree)."""
-    h = F.relu(F.linear(x, params["w1"], params["b1"]))  # (B, d_hidden)
-    return F.linear(h, params["w2"], params["b2"])  # (B, d_out)
 
 
 class MLP(torch.nn.Module):
@@ -101,25 +63,6 @@ class MLP(torch.nn.Module):
 
     def forward(self, x):
         return self.fc2(F.relu(self.fc1(x)))
-
-
-def make_regression_data(
-    cfg: MLPConfig, n_batches: int = 4, batch_size: int = 32, seed: int = 1, device: str = "cpu"
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``n_batches`` of (x (B, d_in) fp32, y (B, d_out) fp32) from a random "teacher" MLP plus noise."""
-    if not isinstance(cfg, MLPConfig):
-        raise TypeError(f"cfg must be an MLPConfig, got {type(cfg).__name__}")
-    for name, v in (("n_batches", n_batches), ("batch_size", batch_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-    g = torch.Generator().manual_seed(seed)
-    teacher = init_mlp_params(MLPConfig(cfg.d_in, cfg.d_hidden, cfg.d_out, seed=seed + 1000))
-    data = []
-    for _ in range(n_batches):
-        x = torch.randn(batch_size, cfg.d_in, generator=g)
-        y = 3.0 * mlp_forward(teacher, x) + 0.01 * torch.randn(batch_size, cfg.d_out, generator=g)
-        data.append((x.to(device), y.to(device)))
-    return data
 
 
 def _make_optimizer(params, optimizer: str, lr: float):
@@ -160,6 +103,22 @@ def _check_args(cfg, data, steps, dtype, clip, accum, lr):
         raise ValueError(f"lr must be a float > 0, got {lr!r}")
 
 
+def _initial_params(cfg: MLPConfig, init, device) -> dict[str, torch.Tensor]:
+    """Fresh fp32 copies of ``init`` (checked against ``cfg``'s shapes), or ``init_mlp_params(cfg)``."""
+    ref = init_mlp_params(cfg, device=str(device))
+    if init is None:
+        return ref
+    if not isinstance(init, dict) or set(init) != set(ref):
+        raise ValueError(f"init must be a dict with keys {sorted(ref)}, got {init!r:.80}")
+    out = {}
+    for name, p in ref.items():
+        q = init[name]
+        if not isinstance(q, torch.Tensor) or q.shape != p.shape:
+            raise ValueError(f"init[{name!r}] must be a tensor of shape {tuple(p.shape)}")
+        out[name] = q.detach().to(device=device, dtype=torch.float32).clone()
+    return out
+
+
 def _finish_step(scaler, optimizer, masters, clip) -> tuple[bool, float]:
     """unscale -> clip -> (maybe) step -> update. Returns (skipped, unscaled grad norm before clipping)."""
     if scaler is not None:
@@ -189,6 +148,7 @@ def train_steps(
     lr: float = 1e-2,
     optimizer: str = "adam",
     master_weights: bool = True,
+    init: dict | None = None,
 ) -> dict:
     """Train the MLP for ``steps`` optimizer steps with manual mixed precision (no autocast).
 
@@ -199,11 +159,11 @@ def train_steps(
     the fp16 gradients, as torch's does). Returns plain data: ``losses`` (mean unscaled loss per
     step), ``skipped_steps``, ``scales`` (scale used at each step), ``grad_norms`` (unscaled, before
     clipping), ``zero_grad_fraction`` (share of gradient elements exactly 0) and ``final_params``
-    (float32).
+    (float32). ``init`` (optional) gives the initial fp32 weights instead of ``init_mlp_params(cfg)``.
     """
     _check_args(cfg, data, steps, dtype, clip, accum, lr)
     device = data[0][0].device
-    init = init_mlp_params(cfg, device=str(device))
+    init = _initial_params(cfg, init, device)
     if master_weights:
         weights = init  # fp32 master weights, 4 B/param, owned by the optimizer
     else:
@@ -257,11 +217,12 @@ def reference_autocast_train_steps(
     accum: int = 1,
     lr: float = 1e-2,
     optimizer: str = "adam",
+    init: dict | None = None,
 ) -> dict:
     """The same training with ``torch.autocast`` and (optionally) a GradScaler: the grader's reference."""
     _check_args(cfg, data, steps, dtype, clip, accum, lr)
     device = data[0][0].device
-    model = MLP(init_mlp_params(cfg, device=str(device)))
+    model = MLP(_initial_params(cfg, init, device))
     params = [model.fc1.weight, model.fc1.bias, model.fc2.weight, model.fc2.bias]
     opt = _make_optimizer(params, optimizer, lr)
     out = {"losses": [], "skipped_steps": [], "scales": [], "grad_norms": [], "zero_grad_fraction": []}

@@ -1,0 +1,253 @@
+"""Tests of the tests: chapter 5's checkers accept the solution and reject every known bug."""
+
+import ast
+import math
+
+import pytest
+import torch
+
+from ptinternals.amp.autocast_policy import autocast_output_dtype
+from ptinternals.amp.exercises import (
+    BODY_OPS,
+    FORMATS,
+    TERMINAL_OPS,
+    _encode_variant,
+    autocast_layer_dtypes,
+    torch_bits_of_value,
+)
+from ptinternals.amp.formats import encode
+from ptinternals.grading import CheckFailure, check, load_chapter
+from ptinternals.grading.probes import amp as probes
+from ptinternals.grading.testing import answer_sources
+
+from .buggy import ANSWER_CELL, BUGGY
+
+CHAPTER = load_chapter("ch05")
+BUGS = [(ex_id, name, src, expect) for ex_id, bugs in BUGGY.items() for name, (src, expect) in bugs.items()]
+
+
+def namespace(replace: dict | None = None) -> dict:
+    """The solution notebook's setup cell (statement by statement, errors ignored, as the grader runs it)
+    and its answer cells, some replaced by grade_id."""
+    sources = answer_sources(CHAPTER.assignment)
+    ns: dict = {"__name__": "__main__"}
+    for stmt in ast.parse(sources["setup"]).body:
+        try:
+            exec(compile(ast.Module([stmt], []), "<setup>", "exec"), ns)
+        except Exception:
+            pass
+    for gid, src in sources.items():
+        if gid != "setup":
+            exec(compile((replace or {}).get(gid, src), f"<{gid}>", "exec"), ns)
+    return ns
+
+
+def rejects(ex_id: str, source: str) -> CheckFailure | None:
+    ex = CHAPTER.exercise(ex_id)
+    cell = ANSWER_CELL.get(ex_id, ex.grade_id.replace("_tests", "_code"))
+    ns = namespace({cell: source})
+    try:
+        check(ex_id, ns[ex.entry], hidden=True)
+    except CheckFailure as failure:
+        return failure
+    return None
+
+
+def test_every_exercise_has_a_bank_of_at_least_three_bugs():
+    assert {ex.id for ex in CHAPTER.exercises} == set(BUGGY)
+    assert all(len(bugs) >= 3 for bugs in BUGGY.values())
+    assert len(CHAPTER.exercises) >= 6
+
+
+@pytest.mark.parametrize("ex", CHAPTER.exercises, ids=lambda e: e.id)
+def test_solution_passes_visible_and_hidden(ex, capsys):
+    ns = namespace()
+    assert check(ex.id, ns[ex.entry], hidden=True) is None  # None: nbgrader must not read partial credit
+    assert "passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ex", CHAPTER.exercises, ids=lambda e: e.id)
+def test_stub_fails_with_not_implemented_message(ex):
+    def stub(*args, **kwargs):
+        raise NotImplementedError()
+
+    with pytest.raises(CheckFailure, match="is not implemented yet") as info:
+        check(ex.id, stub)
+    assert info.value.category == "not-implemented"
+
+
+@pytest.mark.parametrize("ex_id, name, source, expect", BUGS, ids=[f"{b[0]}-{b[1]}" for b in BUGS])
+def test_known_bug_is_rejected_with_a_teaching_message(ex_id, name, source, expect):
+    failure = rejects(ex_id, source)
+    assert failure is not None, f"{ex_id}: the checker accepted the known bug {name!r}"
+    text = str(failure)
+    assert failure.category == "wrong", text
+    assert "call:" in text and ("expected" in text or "used" in text or "made a" in text), text
+    if expect:
+        assert expect in text, f"expected the hint to mention {expect!r}:\n{text}"
+
+
+def test_torch_is_unavailable_where_forbidden():
+    ns = {"__name__": "__main__"}
+    exec("import torch\ndef decode(bits, fmt):\n    return torch.tensor([bits]).item() * 1.0\n", ns)
+    with pytest.raises(CheckFailure) as info:
+        check("ch05.decode", ns["decode"])
+    assert info.value.category == "forbidden"
+
+
+def test_rounding_failure_names_the_input_bits_and_both_patterns():
+    ns = namespace({"ex5_3_code": BUGGY["ch05.fp32_to_bf16_bits"]["round_half_up"][0]})
+    with pytest.raises(CheckFailure) as info:
+        check("ch05.fp32_to_bf16_bits", ns["fp32_to_bf16_bits"])
+    text = str(info.value)
+    assert (
+        "first at index" in text and "fp32 bits 0x" in text and "expected 0x" in text and "got 0x" in text
+    ), text
+
+
+def test_encode_variant_is_ieee_by_default():
+    """The diagnosis helper's default equals the reference encoder and torch on ties and edges."""
+    for fmt in ("bf16", "fp16", "fp8_e5m2"):
+        for v in (1 + 2.0**-8, 65520.0, 2.0**-25, 3 * 2.0**-25, 1e-40, 448.0, -0.1, 3.0e38):
+            assert _encode_variant(v, fmt) == encode(v, fmt) == torch_bits_of_value(v, fmt), (fmt, v)
+    assert _encode_variant(1 + 2.0**-8, "bf16", ties="away") == 0x3F81
+    assert _encode_variant(65520.0, "fp16", overflow="saturate") == 0x7BFF
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_autocast_layer_dtypes_agree_with_the_policy_tables(device):
+    """Real autocast (fake CUDA tensors on a CPU-only machine) and ptinternals.amp's policy tables agree."""
+    names = {
+        "linear": "linear",
+        "matmul": "matmul",
+        "relu": "relu",
+        "gelu": "gelu",
+        "layer_norm": "layer_norm",
+        "softmax": "softmax",
+        "log_softmax": "log_softmax",
+        "exp": "exp",
+        "pow": "pow",
+        "mul_scalar": "mul",
+        "sum": "sum",
+        "mse_loss": "mse_loss",
+        "cross_entropy": "cross_entropy",
+    }
+    for low in ("bfloat16", "float16"):
+        for inp in ("float32", "bfloat16", "float16"):
+            for op in BODY_OPS + TERMINAL_OPS:
+                got = autocast_layer_dtypes([op], device, low, inp)[0]
+                if op == "add_fp32":
+                    want = "float32"
+                else:
+                    want = autocast_output_dtype(names[op], [inp], device, low)
+                assert got == want, (device, low, inp, op, got, want)
+
+
+def test_formats_table_matches_torch_finfo():
+    for name, (e, m, _, dtype) in FORMATS.items():
+        fi = torch.finfo(dtype)
+        assert fi.bits == 1 + e + m and fi.eps == 2.0**-m, name
+
+
+def test_speed_probe_labels_the_skipped_half_on_cpu():
+    ns = namespace()
+    report = probes.speed_probe(ns["amp_train"], torch.bfloat16)
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the speed half runs")
+    assert report["speed"].startswith("SKIPPED on CPU") and report["saved_ratio"] < 0.7
+    text = probes.last_speed_report()
+    assert "SKIPPED on CPU" in text and "bytes saved for backward" in text
+
+
+def test_scaler_driver_records_skips_and_double_unscale():
+    params = [torch.randn(3)]
+    script = [
+        {"micro": [[torch.tensor([1.0, math.inf, 0.0])]], "unscale": True, "twice": True},
+        {"micro": [[torch.ones(3)]], "unscale": False},
+    ]
+    out = probes.scaler_trajectory(
+        lambda: torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1), params, script
+    )
+    assert out["stepped"] == [False, True] and out["twice"] == ["RuntimeError", "not asked"]
+    assert out["scales"] == [4.0, 2.0, 4.0]
+
+
+@pytest.mark.gpu
+def test_speed_check_measures_time_and_memory_on_a_gpu():
+    ns = namespace()
+    report = probes.speed_probe(ns["amp_train"], torch.bfloat16)
+    assert report["speed"] == "measured", report
+    limits = CHAPTER.exercise("ch05.amp_speed").limits
+    assert report["time_ratio"] <= limits["time_ratio"] and report["peak_ratio"] <= limits["peak_ratio"], (
+        report
+    )
+
+
+@pytest.mark.gpu
+def test_predictions_match_real_cuda_autocast():
+    ns = namespace()
+    for layers in (
+        ["linear", "gelu", "layer_norm", "linear", "softmax", "cross_entropy"],
+        list(BODY_OPS) + ["sum"],
+    ):
+        for low in ("bfloat16", "float16"):
+            assert ns["predict_dtypes"](layers, "cuda", low) == autocast_layer_dtypes(layers, "cuda", low)
+
+
+# ---- end to end through the trusted grader (the sandbox; about 30 s per notebook on 2 cores) -------
+def _graded(nb, only=None):
+    from ptinternals.grading.sandbox import SandboxConfig, bwrap_works
+    from ptinternals.grading.trusted import grade_notebook
+
+    isolation = "bwrap" if bwrap_works("cpu")[0] else "process"
+    report = grade_notebook(nb, CHAPTER, ".", SandboxConfig(isolation=isolation), only=only)
+    return {e.id: e for e in report.exercises}, report
+
+
+def _submission(replace=None, student=False):
+    import copy
+
+    import nbformat
+
+    from ptinternals.grading.testing import ROOT, solution_notebook
+
+    if student:
+        return nbformat.read(ROOT / "notebooks" / "ch05_amp" / "ch05_amp.ipynb", as_version=4)
+    nb = copy.deepcopy(solution_notebook("ch05_amp"))
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in (replace or {}):
+            cell.source = replace[gid]
+    return nb
+
+
+@pytest.mark.slow
+def test_one_bug_costs_only_its_exercise_through_the_sandbox():
+    bug = BUGGY["ch05.amp_train"]["clip_before_unscale"][0]
+    results, report = _graded(_submission({"ex5_8_code": bug}))
+    assert not results["ch05.amp_train"].passed and results["ch05.amp_train"].score == 0
+    assert "clip AFTER scaler.unscale_" in results["ch05.amp_train"].message
+    others = [e for i, e in results.items() if i != "ch05.amp_train"]
+    assert all(e.passed and e.score == e.points for e in others), [e.message for e in others if not e.passed]
+    assert not report.cell_errors and not report.events
+
+
+@pytest.mark.slow
+def test_student_notebook_scores_zero_everywhere_through_the_sandbox():
+    results, report = _graded(_submission(student=True))
+    assert {e.category for e in results.values()} == {"not-implemented"}
+    assert sum(e.score for e in results.values()) == 0
+    assert not report.cell_errors
+
+
+def test_scaffold_holds_no_reference_import():
+    """Graded code may import ptinternals.amp.scaffold; it must not pull in the reference package."""
+    from pathlib import Path
+
+    import ptinternals.amp.scaffold as scaffold
+
+    tree = ast.parse(Path(scaffold.__file__).read_text())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert all(m.split(".")[0] in {"__future__", "math", "dataclasses", "torch"} for m in imported), imported
+    assert CHAPTER.sandbox_files == ("amp/scaffold.py",)
