@@ -99,8 +99,9 @@ def encode(obj, arrays: dict, ctx: dict | None = None, depth: int = 0):
         return obj
     if isinstance(obj, BaseException):
         return {"__raised__": type(obj).__name__, "message": _exc_message(obj)}
-    if isinstance(obj, Raised):
-        return {"__raised__": obj.type, "message": obj.message}
+    if isinstance(obj, Raised) or (type(obj).__name__ == "Raised" and hasattr(obj, "type") and hasattr(obj, "message")):
+        # by name too: in the sandbox this module runs as __main__, so a probe's Raised is another class
+        return {"__raised__": str(obj.type), "message": str(obj.message)[:MAX_MESSAGE]}
     if isinstance(obj, int) and not isinstance(obj, bool):
         return _exact(obj, int)
     if isinstance(obj, float):
@@ -217,9 +218,10 @@ def decode(tree, arrays: dict, *, to_torch: bool = True, device: str = "cpu"):
         if stride and (stride != tuple(t.stride()) or offset):
             extent = 1 + offset + sum((s - 1) * st for s, st in zip(shape, stride)) if values.numel() else 0
             base = torch.zeros(max(extent, 1), dtype=dtype, device=device)
-            view = base.as_strided(shape, stride, offset)
-            view.copy_(t)
-            t = view
+            # Scatter through storage positions (not view.copy_): stride-0 (expanded) layouts overlap.
+            positions = torch.arange(max(extent, 1), device=device).as_strided(shape, stride, offset)
+            base[positions.flatten()] = t.flatten()
+            t = base.as_strided(shape, stride, offset)
         if tree.get("requires_grad"):
             t.requires_grad_(True)
         return t

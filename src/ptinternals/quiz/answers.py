@@ -103,6 +103,4 @@ def grade_answers(bank: Bank, path: str | os.PathLike) -> QuizGrade:
 
 
 def _canonical_correct(bank: Bank, q, canonical: str) -> bool:
-    from .bank import answer_hash
-
-    return answer_hash(bank.salt, q.id, canonical) == q.answer_hash
+    return q.is_correct_canonical(bank.salt, canonical)

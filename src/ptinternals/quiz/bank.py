@@ -10,7 +10,8 @@ Answer kinds:
 * ``mc``: one option is right (the answer is its index);
 * ``many``: a set of options is right (the answer is the sorted indices);
 * ``text``: a short answer, normalised before hashing (case, spaces, brackets: ``(12, 4, 1)`` ==
-  ``12,4,1``), so strides and shapes can be typed naturally.
+  ``12,4,1``), so strides and shapes can be typed naturally; ``accept`` lists other spellings, each
+  hashed (and its explanation sealed) on its own.
 """
 from __future__ import annotations
 
@@ -79,19 +80,27 @@ class Question:
     kind: str
     text: str
     options: list[str] = field(default_factory=list)
-    answer_hash: str = ""
+    answers: list[dict] = field(default_factory=list)  # [{"hash": ..., "explanation": sealed}] per accepted spelling
     hint: str = ""
-    explanation_sealed: str = ""
     points: float = 1.0
+
+    def _match(self, salt: str, canonical: str) -> dict | None:
+        h = answer_hash(salt, self.id, canonical)
+        return next((a for a in self.answers if a["hash"] == h), None)
 
     def is_correct(self, salt: str, answer) -> bool:
         try:
-            return answer_hash(salt, self.id, normalize(self.kind, answer)) == self.answer_hash
+            return self._match(salt, normalize(self.kind, answer)) is not None
         except (TypeError, ValueError):
             return False
 
+    def is_correct_canonical(self, salt: str, canonical: str) -> bool:
+        return self._match(salt, canonical) is not None
+
     def explanation(self, salt: str, answer) -> str:
-        return unseal(self.explanation_sealed, salt, self.id, normalize(self.kind, answer))
+        canonical = normalize(self.kind, answer)
+        entry = self._match(salt, canonical)
+        return unseal(entry["explanation"], salt, self.id, canonical) if entry else ""
 
 
 @dataclass
@@ -153,11 +162,14 @@ def compile_bank(source: dict, salt: str) -> dict:
             indices = [answer] if kind == "mc" else answer
             if not options or any(not 0 <= a < len(options) for a in indices):
                 raise ValueError(f"{chapter}/{q['id']}: answer {answer!r} is not an index into its {len(options)} options")
-        canonical = normalize(kind, answer)
+        accepted = [normalize(kind, answer)]
+        if kind == "text":  # other accepted spellings ("96 bytes" for "96"), each hashed on its own
+            accepted += [normalize(kind, str(a)) for a in q.get("accept", []) if normalize(kind, str(a)) not in accepted]
         out.append({
             "id": q["id"], "kind": kind, "text": q["text"], "options": options,
-            "answer_hash": answer_hash(salt, q["id"], canonical), "hint": q.get("hint", ""),
-            "explanation_sealed": seal(q["explanation"], salt, q["id"], canonical), "points": float(q.get("points", 1)),
+            "answers": [{"hash": answer_hash(salt, q["id"], c), "explanation": seal(q["explanation"], salt, q["id"], c)}
+                        for c in accepted],
+            "hint": q.get("hint", ""), "points": float(q.get("points", 1)),
         })
     return {"format": FORMAT, "chapter": chapter, "salt": salt, "questions": out}
 
