@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from autograd_helpers import assert_grads_close, broadcast_shapes, make_tensor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ptinternals.autograd import Variable, compute_dependencies, engine
 from ptinternals.autograd import grad as mini_grad
 from ptinternals.viz.graph import walk_graph
+
+from .autograd_helpers import assert_grads_close, broadcast_shapes, make_tensor
 
 # Every op is written once and run on both engines: Variable mirrors torch.Tensor's API.
 UNARY = {

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from autograd_helpers import assert_grads_close, broadcast_shapes, make_tensor
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ptinternals.autograd import formulas as F
+
+from .autograd_helpers import assert_grads_close, broadcast_shapes, make_tensor
 
 
 def torch_grads(fn, inputs, grad_out):

@@ -4,13 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as TF
-from autograd_helpers import make_tensor
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
 
 from ptinternals.autograd import functions as fns
 from ptinternals.autograd.probes import saved_tensor_bytes, saved_tensors_log
+
+from .autograd_helpers import make_tensor
 
 
 def leaf(shape, seed=0, nc=False, dtype=torch.float64):
@@ -126,3 +127,42 @@ def test_function_input_errors():
         saved_tensor_bytes(3, x)
     with pytest.raises(TypeError, match="exclude must hold tensors"):
         saved_tensor_bytes(torch.exp, x, exclude=[1])
+
+
+# ------------------------------------------------------------------- fake quantize and SwiGLU
+@given(shape=st.lists(st.sampled_from([0, 1, 2, 3, 7]), max_size=3).map(tuple), seed=st.integers(0, 2**16),
+       qparams=st.sampled_from([(0.5, 0, -4, 3), (0.1, 3, 0, 15), (0.25, -2, -8, 7), (1.0, 0, -128, 127)]),
+       nc=st.booleans())
+def test_fake_quantize_matches_torch(shape, seed, qparams, nc):
+    scale, zp, qmin, qmax = qparams
+    x = (make_tensor(shape, seed, dtype=torch.float32, non_contiguous=nc) * 3).requires_grad_(True)
+    ours = fns.fake_quantize(x, scale, zp, qmin, qmax)
+    theirs = torch.fake_quantize_per_tensor_affine(x, scale, zp, qmin, qmax)
+    torch.testing.assert_close(ours, theirs)
+    g = make_tensor(shape, seed + 1, dtype=torch.float32)
+    torch.testing.assert_close(torch.autograd.grad(ours, x, g)[0], torch.autograd.grad(theirs, x, g)[0])
+    # Saves what torch saves: the bool mask, 1 byte per element.
+    assert saved_tensor_bytes(fns.fake_quantize, x, scale, zp, qmin, qmax) == x.numel()
+
+
+def test_fake_quantize_input_errors():
+    x = leaf((3,), dtype=torch.float32)
+    with pytest.raises(ValueError, match="scale must be a positive"):
+        fns.fake_quantize(x, 0.0, 0, -4, 3)
+    with pytest.raises(TypeError, match="zero_point must be an int"):
+        fns.fake_quantize(x, 0.5, 0.5, -4, 3)
+    with pytest.raises(ValueError, match="zero_point must lie"):
+        fns.fake_quantize(x, 0.5, 9, -4, 3)
+
+
+@pytest.mark.parametrize("shape,nc", [((7,), False), ((3, 5), True), ((1,), False), ((2, 3, 4), True)])
+def test_fused_swiglu_gradcheck_gradgradcheck_and_bytes(shape, nc):
+    a, b = leaf(shape, 1, nc), leaf(shape, 2)
+    assert gradcheck(fns.fused_swiglu, (a, b))
+    assert gradgradcheck(fns.fused_swiglu, (a, b))
+    torch.testing.assert_close(fns.fused_swiglu(a, b), TF.silu(a) * b)
+    a32, b32 = leaf((64, 48), dtype=torch.float32), leaf((64, 48), 1, dtype=torch.float32)
+    fused, naive = saved_tensor_bytes(fns.fused_swiglu, a32, b32), saved_tensor_bytes(fns.naive_swiglu, a32, b32)
+    assert fused == 2 * a32.numel() * 4 and naive == 3 * a32.numel() * 4
+    with pytest.raises(ValueError, match="same shape"):
+        fns.fused_swiglu(a32, b32[:1])

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import math
 
+from . import node as _node
+from .scaffold import use_formulas  # noqa: F401  (re-exported: `with use_formulas({...}):`)
+
 
 def _shape(x) -> tuple:
     return tuple(x.shape)
@@ -178,8 +181,10 @@ def clone_backward(grad):
     return (grad,)
 
 
-# Looked up by OpNode.apply at backward time: replace an entry to plug in another formula.
-BACKWARD_FORMULAS = {
+# The table OpNode.apply looks formulas up in, at backward time (node.BACKWARD_FORMULAS, the same dict
+# object): importing this module installs the reference formulas; `use_formulas` swaps entries.
+BACKWARD_FORMULAS = _node.BACKWARD_FORMULAS
+REFERENCE_FORMULAS = {
     "add": add_backward,
     "sub": sub_backward,
     "mul": mul_backward,
@@ -199,30 +204,4 @@ BACKWARD_FORMULAS = {
     "expand": expand_backward,
     "clone": clone_backward,
 }
-REFERENCE_FORMULAS = dict(BACKWARD_FORMULAS)
-
-
-class use_formulas:
-    """``with use_formulas({"mul": my_mul_backward}): ...`` swaps table entries, then restores them."""
-
-    def __init__(self, overrides: dict):
-        if not isinstance(overrides, dict):
-            raise TypeError("overrides must be a dict of op name -> function, got "
-                            f"{type(overrides).__name__}")
-        unknown = sorted(set(overrides) - set(BACKWARD_FORMULAS))
-        if unknown:
-            raise ValueError(f"overrides has unknown op names {unknown}; known: {sorted(BACKWARD_FORMULAS)}")
-        bad = [k for k, f in overrides.items() if not callable(f)]
-        if bad:
-            raise TypeError(f"overrides[{bad[0]!r}] must be callable")
-        self.overrides = overrides
-        self._previous: dict = {}
-
-    def __enter__(self):
-        self._previous = {k: BACKWARD_FORMULAS[k] for k in self.overrides}
-        BACKWARD_FORMULAS.update(self.overrides)
-        return self
-
-    def __exit__(self, *exc):
-        BACKWARD_FORMULAS.update(self._previous)
-        return False
+BACKWARD_FORMULAS.update(REFERENCE_FORMULAS)

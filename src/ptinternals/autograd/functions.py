@@ -11,8 +11,8 @@ it and ``torch.autograd.gradgradcheck`` passes (a backward that used ``torch.no_
 ``.detach()`` inside would silently give wrong second derivatives; ``@once_differentiable`` makes
 that an error instead).
 
-Each Function comes with a validating wrapper (``logsumexp``, ``ste_round``, ``fused_silu``,
-``fused_gelu``) and a ``naive_*`` composite of plain ops to compare saved bytes against (see
+Each Function comes with a validating wrapper (``logsumexp``, ``ste_round``, ``fake_quantize``,
+``fused_silu``, ``fused_gelu``, ``fused_swiglu``) and a ``naive_*`` composite of plain ops to compare saved bytes against (see
 ``probes.saved_tensor_bytes``).
 """
 from __future__ import annotations
@@ -102,6 +102,42 @@ def ste_round(x: torch.Tensor) -> torch.Tensor:
     return StraightThroughRound.apply(x)
 
 
+class FakeQuantize(torch.autograd.Function):
+    """Quantize then dequantize, with the *clipped* straight-through estimator of quantization-aware
+    training: exactly ``torch.fake_quantize_per_tensor_affine`` (aten FakeQuantPerTensorAffine.cpp,
+    ``fake_quantize_per_tensor_affine_cachemask``).
+
+    Forward: ``q = round(x / scale) + zero_point`` (round half to even), clamped to
+    ``[quant_min, quant_max]``, back to ``(q - zero_point) * scale``. Backward: the gradient passes
+    straight through where ``q`` was in range and is 0 where it was clipped. Saved: only that mask,
+    as bool (1 byte per element, where saving x would cost 4).
+    """
+
+    @staticmethod
+    def forward(ctx, x, scale: float, zero_point: int, quant_min: int, quant_max: int):
+        q = torch.round(x * (1.0 / scale)) + zero_point  # integers, stored as floats
+        mask = (q >= quant_min) & (q <= quant_max)  # bool (N bytes): all backward needs
+        ctx.save_for_backward(mask)
+        return (q.clamp(quant_min, quant_max) - zero_point) * scale
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (mask,) = ctx.saved_tensors
+        return grad_out * mask, None, None, None, None
+
+
+def fake_quantize(x: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int) -> torch.Tensor:
+    _check_float_tensor(x)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"scale must be a positive number, got {scale!r}")
+    for name, v in (("zero_point", zero_point), ("quant_min", quant_min), ("quant_max", quant_max)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if not quant_min <= zero_point <= quant_max:
+        raise ValueError(f"zero_point must lie in [quant_min, quant_max] = [{quant_min}, {quant_max}], got {zero_point}")
+    return FakeQuantize.apply(x, float(scale), zero_point, quant_min, quant_max)
+
+
 # --------------------------------------------------------------------------- fused SiLU and GeLU
 class FusedSiLU(torch.autograd.Function):
     """``x * sigmoid(x)`` that saves only ``x`` and recomputes ``sigmoid(x)`` in backward.
@@ -156,3 +192,37 @@ def naive_silu(x: torch.Tensor) -> torch.Tensor:
 def naive_gelu(x: torch.Tensor) -> torch.Tensor:
     """Saves ``x``, ``erf``'s input, ``1 + erf(...)``: 3N elements or more."""
     return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+# ------------------------------------------------------------------------------------ fused SwiGLU
+class FusedSwiGLU(torch.autograd.Function):
+    """``silu(a) * b``, the gated unit of LLaMA-style MLPs, saving only ``a`` and ``b``.
+
+    Composed of plain ops, ``F.silu(a) * b`` saves ``a`` (SiluBackward0), ``silu(a)`` and ``b``
+    (MulBackward0): 3N elements; ``a * torch.sigmoid(a) * b`` saves 4N. Fused: 2N, and
+    ``sigmoid(a)`` is recomputed in backward. With ``s = sigmoid(a)``:
+    d/da = grad * b * s * (1 + a * (1 - s)),  d/db = grad * a * s.
+    """
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * torch.sigmoid(a) * b
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b = ctx.saved_tensors
+        s = torch.sigmoid(a)  # recomputed
+        return grad_out * b * s * (1 + a * (1 - s)), grad_out * a * s
+
+
+def fused_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _check_float_tensor(a, "a")
+    _check_float_tensor(b, "b")
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    return FusedSwiGLU.apply(a, b)
+
+
+def naive_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(a) * b

@@ -8,8 +8,11 @@ Mirrors torch/csrc/autograd/function.h ``Node`` and its subclasses:
                       pre-hooks per input, node pre-/post-hooks, ``release_variables``.
 - ``OpNode``          the generated ``MulBackward0``-style nodes (torch/csrc/autograd/generated/
                       Functions.h): saved variables plus a backward formula, looked up by op name in
-                      ``formulas.BACKWARD_FORMULAS`` *when the node runs*, so a student's formulas
-                      can be plugged in without rebuilding the graph.
+                      ``BACKWARD_FORMULAS`` *when the node runs*, so a student's formulas can be
+                      plugged in without rebuilding the graph. The table starts empty: the reference
+                      ``formulas.py`` fills it when ``ptinternals.autograd`` is imported (this module
+                      never imports it, so it can serve as scaffolding in the grading sandbox). A node
+                      made by ``ops.custom_op`` carries its own formula, like torch's ``PyNode``.
 - ``AccumulateGrad``  torch/csrc/autograd/functions/accumulate_grad.h: the sink for a leaf. Adds the
                       incoming gradient into ``variable.grad`` (accumulates, never overwrites), then
                       runs the leaf's post-accumulate-grad hooks.
@@ -25,10 +28,13 @@ from __future__ import annotations
 import math
 from itertools import count
 
-from . import formulas
 from .variable import SavedVariable, Variable, _HookDict, add_hook, is_grad_enabled
 
 _sequence_nr = count()  # torch: a thread-local counter bumped by every Node constructor
+
+# op name -> backward formula ``f(grad, *saved) -> tuple of grads``, read by OpNode.apply at backward
+# time. Filled by formulas.py (the reference) or by ``scaffold.use_formulas`` (a student's table).
+BACKWARD_FORMULAS: dict = {}
 
 
 class Node:
@@ -60,7 +66,17 @@ class Node:
         """Drop saved tensors (called by the engine after this node ran, unless ``retain_graph``)."""
 
     def tensor_pre_hooks(self, input_nr: int) -> list:
-        return list(self._tensor_pre_hooks.get(input_nr, {}).values())
+        """Hooks to run on the gradient for input ``input_nr`` before the node runs, in order.
+
+        Each is ``hook(grad) -> Variable | None`` (a Variable replaces the gradient). The list holds
+        the ``register_hook`` hooks of the tensor this input is the gradient of, then its
+        ``retain_grad()`` hook if any (torch keeps that one apart and always runs it last, so
+        ``.grad`` sees the gradient after every other hook; it returns None).
+        """
+        hooks = list(self._tensor_pre_hooks.get(input_nr, {}).values())
+        if input_nr in self._retains_grad_hooks:
+            hooks.append(self._retains_grad_hooks[input_nr])
+        return hooks
 
     def register_prehook(self, hook):
         """``hook(grad_outputs) -> tuple | None`` runs before the node (torch: ``Node.register_prehook``)."""
@@ -79,10 +95,13 @@ class OpNode(Node):
     ``(SavedVariable(a), SavedVariable(b))`` and the node computes ``mul_backward(grad, a, b)``.
     """
 
-    def __init__(self, op: str, name: str, next_functions, input_shapes):
+    def __init__(self, op: str, name: str, next_functions, input_shapes, formula=None):
         super().__init__(next_functions, input_shapes)
+        if formula is not None and not callable(formula):
+            raise TypeError(f"formula must be callable or None, got {type(formula).__name__}")
         self.op = op
         self._name = name
+        self.formula = formula  # None: look BACKWARD_FORMULAS[op] up when the node runs
         self.saved: tuple = ()
 
     def name(self) -> str:
@@ -97,7 +116,10 @@ class OpNode(Node):
         if grad is None:  # no gradient reached this output: nothing flows further
             return (None,) * len(self.next_functions)
         args = [s.unpack(self) if isinstance(s, SavedVariable) else s for s in self.saved]
-        formula = formulas.BACKWARD_FORMULAS[self.op]
+        formula = self.formula or BACKWARD_FORMULAS.get(self.op)
+        if formula is None:
+            raise RuntimeError(f"no backward formula for op {self.op!r} is installed: plug one in with "
+                               f"`with use_formulas({{{self.op!r}: my_{self.op}_backward}}): ...`")
         grads = formula(grad, *args)
         if not isinstance(grads, tuple):
             raise TypeError(f"backward formula for {self.op!r} must return a tuple, got "

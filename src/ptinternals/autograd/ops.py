@@ -24,6 +24,17 @@ from .variable import Variable, gradient_edge, is_grad_enabled
 
 _NUMBER = (int, float)
 
+# Every op that records an OpNode looked up in node.BACKWARD_FORMULAS, with what its node saves
+# (the arguments its formula gets after ``grad``).
+OP_SAVES = {
+    "add": "(a_shape, b_shape)", "sub": "(a_shape, b_shape)", "mul": "(a, b)", "div": "(a, b)",
+    "neg": "()", "pow": "(a, exponent)", "matmul": "(a, b)", "exp": "(result,)", "log": "(a,)",
+    "tanh": "(result,)", "sigmoid": "(result,)", "relu": "(result,)", "clone": "()",
+    "sum": "(input_shape, dim, keepdim)", "mean": "(input_shape, dim, keepdim)", "reshape": "(input_shape,)",
+    "transpose": "(dim0, dim1)", "expand": "(input_shape,)",
+}
+OP_NAMES = tuple(OP_SAVES)
+
 
 def _as_variable(x, like: Variable | None, arg: str) -> Variable:
     """Variables pass through; tensors and numbers become constants (``requires_grad=False``)."""
@@ -47,7 +58,7 @@ def _binary_operands(a, b, op: str) -> tuple[Variable, Variable]:
     return _as_variable(a, like, f"{op}(): a"), _as_variable(b, like, f"{op}(): b")
 
 
-def _record(op: str, name: str, inputs: list, out_data: torch.Tensor, saved) -> Variable:
+def _record(op: str, name: str, inputs: list, out_data: torch.Tensor, saved, formula=None) -> Variable:
     """Wrap ``out_data``; if a gradient is needed, build the node. ``saved(out)`` lists what to keep."""
     out = Variable(out_data)
     if is_grad_enabled() and builtins.any(v.requires_grad for v in inputs):
@@ -55,6 +66,7 @@ def _record(op: str, name: str, inputs: list, out_data: torch.Tensor, saved) -> 
             op, name,
             next_functions=[gradient_edge(v) for v in inputs],
             input_shapes=[tuple(v.shape) for v in inputs],
+            formula=formula,
         )
         out._set_history(node, 0)
         node.save(saved(out), output=out)
@@ -255,6 +267,28 @@ def expand(x, *shape) -> Variable:
     except RuntimeError as e:
         raise ValueError(f"expand(): cannot expand shape {tuple(x.shape)} to {shape} ({e})") from None
     return _record("expand", "ExpandBackward0", [x], data, lambda out: (tuple(x.shape),))
+
+
+# ----------------------------------------------------------------------------------- custom ops
+def custom_op(name: str, forward, backward, *inputs, save_inputs: bool = True) -> Variable:
+    """An op defined by two functions, the mini engine's ``torch.autograd.Function`` (torch: ``PyNode``).
+
+    ``forward(*tensors) -> tensor`` computes the value from the inputs' plain tensors.
+    ``backward(grad, *saved) -> tuple`` returns one gradient (a Variable or None) per input; ``saved``
+    are the inputs as Variables when ``save_inputs`` (released after backward like any saved value,
+    so a second backward raises), nothing otherwise. ``name`` is the node's name, e.g. ``"MyOpBackward"``.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not callable(forward) or not callable(backward):
+        raise TypeError("forward and backward must be callable")
+    if not inputs or not builtins.all(isinstance(v, Variable) for v in inputs):
+        raise TypeError("custom_op needs at least one input, and every input must be a Variable")
+    out_data = forward(*(v.data for v in inputs))
+    if not isinstance(out_data, torch.Tensor):
+        raise TypeError(f"forward must return a torch.Tensor, got {type(out_data).__name__}")
+    return _record("custom", name, list(inputs), out_data.detach(),
+                   lambda out: tuple(inputs) if save_inputs else (), formula=backward)
 
 
 # ------------------------------------------------------------------------------------ in place

@@ -15,6 +15,11 @@ Mirrors, in Python, what PyTorch keeps next to every tensor that takes part in a
 The values are plain ``torch.Tensor`` objects with ``requires_grad=False``: torch computes the
 numbers, this package builds and walks the graph. Ops (``a * b``, ``a.exp()``...) live in ``ops.py``,
 their backward formulas in ``formulas.py``, the backward pass in ``engine.py``.
+
+This module, ``node.py`` and ``ops.py`` are the chapter's *scaffold* (see ``scaffold.py``): they never
+import the formulas or the engine. ``Variable.backward()`` runs whichever engine is installed: the
+reference one (``engine.py`` installs itself when ``ptinternals.autograd`` is imported) or a
+student's, plugged in with ``use_backward``.
 """
 from __future__ import annotations
 
@@ -271,10 +276,8 @@ class Variable:
 
     # ---- backward
     def backward(self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False) -> None:
-        """``loss.backward()``: run the engine from this tensor (see ``engine.backward``)."""
-        from . import engine
-
-        engine.dispatch_backward(self, gradient, retain_graph, create_graph)
+        """``loss.backward()``: run the installed engine from this tensor (see ``engine.backward``)."""
+        backward_engine()(self, gradient, retain_graph, create_graph)
 
     # ---- ops: defined in ops.py, bound here so `a * b` reads like torch
     def __add__(self, other):
@@ -348,6 +351,50 @@ class Variable:
 
     def add_(self, other):
         return _ops.add_(self, other)
+
+
+# ------------------------------------------------------------------------------ a pluggable engine
+# What Variable.backward() runs: fn(root, gradient, retain_graph, create_graph). The default is set by
+# engine.py (the reference) when it is imported; use_backward stacks another one on top for a while.
+_default_backward = None
+_backward_stack: list = []
+
+
+def install_default_backward(fn) -> None:
+    """Make ``fn`` what ``Variable.backward()`` runs when no ``use_backward`` is active."""
+    global _default_backward
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    _default_backward = fn
+
+
+def backward_engine():
+    """The backward function ``Variable.backward()`` calls now."""
+    if _backward_stack:
+        return _backward_stack[-1]
+    if _default_backward is None:
+        raise RuntimeError("no backward engine is installed: call your own engine directly, or plug it in with "
+                           "`with use_backward(my_backward): loss.backward()`")
+    return _default_backward
+
+
+class use_backward:
+    """``with use_backward(fn): loss.backward()`` routes ``Variable.backward`` to
+    ``fn(root, gradient, retain_graph, create_graph)``."""
+
+    def __init__(self, fn):
+        if not callable(fn):
+            raise TypeError("fn must be callable with (root, grad, retain_graph, create_graph), got "
+                            f"{type(fn).__name__}")
+        self.fn = fn
+
+    def __enter__(self):
+        _backward_stack.append(self.fn)
+        return self
+
+    def __exit__(self, *exc):
+        _backward_stack.pop()  # context managers exit in LIFO order
+        return False
 
 
 def gradient_edge(var: Variable) -> tuple:
