@@ -30,10 +30,15 @@ def test_generated_notebooks_and_banks_are_up_to_date():
 
 
 def test_no_solution_or_hidden_test_in_student_notebooks():
+    from tests.book.test_book import solution_lines
+
     for chapter in CHAPTERS:
         text = (ROOT / "notebooks" / chapter / f"{chapter}.ipynb").read_text()
         for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "hidden=True"):
             assert marker not in text, f"{chapter}: {marker!r} in the student notebook"
+        source = "\n".join(c.source for c in nbformat.read(ROOT / "notebooks" / chapter / f"{chapter}.ipynb", 4).cells)
+        leaked = [line for line in solution_lines(chapter) if line in source]
+        assert not leaked, f"{chapter}: solution lines in the student notebook: {leaked[:3]}"
 
 
 @pytest.mark.slow

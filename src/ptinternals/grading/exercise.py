@@ -244,7 +244,7 @@ def evaluate(ex: Exercise, cases: list[Case], results: list[Any], expected: list
     lines.append(f"  call:  {case.call_text(ex.entry)}")
     lines += ["  " + line for line in problem.splitlines()]
     hint = None
-    if category == "wrong":
+    if category in ("wrong", "error"):
         try:
             hint = ex.diagnose(case, got, exp)
         except Exception:  # a diagnosis must never hide the failure itself
