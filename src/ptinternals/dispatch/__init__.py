@@ -12,6 +12,7 @@ Modules (each names the PyTorch source it mirrors):
     quantized        QuantizedTensor, an int8 wrapper subclass that survives training    [exercise]
     custom_ops       ptinternals::fused_bias_gelu via torch.library.custom_op            [exercise]
     fake_memory      estimate_training_memory with FakeTensorMode                        [exercise]
+    exercises        the graded exercises of notebook ch03_dispatch (checked against real torch)
 
 Importing this package registers ``ptinternals::fused_bias_gelu`` (once; re-registration replaces it).
 """

@@ -114,13 +114,23 @@ def make_workload(spec, seed: int = 0) -> Workload:
 # Exercise 3.3: a FLOP-counting TorchDispatchMode
 # ================================================================================================
 def count_flops(entry, spec, backward: bool):
-    """``with entry() as counter:`` run the workload (and its backward); return ``counter.total``."""
+    """``with entry() as counter:`` run the workload (and its backward); return ``counter.total``.
+
+    While the student's counter runs, FlopCounterMode's table of formulas is emptied: the exercise is
+    to count, not to wrap torch's counter."""
+    from torch.utils import flop_counter
+
     w = make_workload(spec)
-    counter = entry()
-    with counter:
-        loss = w.loss()
-        if backward:
-            loss.backward()
+    saved = dict(flop_counter.flop_registry)
+    flop_counter.flop_registry.clear()
+    try:
+        counter = entry()
+        with counter:
+            loss = w.loss()
+            if backward:
+                loss.backward()
+    finally:
+        flop_counter.flop_registry.update(saved)
     total = getattr(counter, "total", None)
     if isinstance(total, bool) or not isinstance(total, int):
         raise TypeError(f"counter.total must be an int after the run, got {total!r}")

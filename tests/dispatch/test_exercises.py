@@ -1,0 +1,159 @@
+"""Tests of the tests: chapter 3's checkers accept the solution and reject every known bug.
+
+Chapter 3's answer cells use names from the locked setup cell (torch, ``KEY_PRIORITY``, ``Ref``...),
+so the namespace here runs the setup cell first (``grading.testing.namespace_with`` skips it).
+"""
+import nbformat
+import pytest
+
+from ptinternals.grading import CheckFailure, check, load_chapter
+from ptinternals.grading.testing import ROOT, answer_sources
+
+from .buggy import BUGGY
+
+CHAPTER = load_chapter("ch03")
+BUGS = [(ex_id, name, src, expect) for ex_id, bugs in BUGGY.items() for name, (src, expect) in bugs.items()]
+
+
+def namespace(replace: dict | None = None) -> dict:
+    """The solution notebook's setup and answer cells, executed in order (some answers replaced)."""
+    ns: dict = {"__name__": "__main__"}
+    for gid, src in answer_sources(CHAPTER.assignment).items():
+        exec(compile((replace or {}).get(gid, src), f"<{gid}>", "exec"), ns)
+    return ns
+
+
+def rejects(exercise_id: str, source: str) -> CheckFailure | None:
+    ex = CHAPTER.exercise(exercise_id)
+    ns = namespace()
+    exec(compile(source, f"<buggy {exercise_id}>", "exec"), ns)
+    for hidden in (False, True):  # the visible cases first: a failure there is the one reported anyway
+        try:
+            check(exercise_id, ns[ex.entry], hidden=hidden)
+        except CheckFailure as failure:
+            return failure
+    return None
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return namespace()
+
+
+def test_every_exercise_has_a_bank_of_at_least_three_bugs():
+    assert {ex.id for ex in CHAPTER.exercises} == set(BUGGY)
+    assert all(len(bugs) >= 3 for bugs in BUGGY.values())
+    assert len(CHAPTER.exercises) >= 6
+
+
+@pytest.mark.parametrize("ex", CHAPTER.exercises, ids=lambda e: e.id)
+def test_solution_passes_visible_and_hidden(ex, solution, capsys):
+    assert check(ex.id, solution[ex.entry], hidden=True) is None  # None: nbgrader must not read partial credit
+    out, err = capsys.readouterr()
+    assert "passed" in out
+    assert err == ""  # any stderr output in a test cell scores 0 under nbgrader
+
+
+@pytest.fixture(scope="module")
+def student():
+    """The released student notebook's setup and answer cells (the stubs), executed."""
+    nb = nbformat.read(ROOT / "notebooks" / CHAPTER.assignment / f"{CHAPTER.assignment}.ipynb", as_version=4)
+    ns: dict = {"__name__": "__main__"}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "setup"):
+            exec(compile(cell.source, f"<{meta['grade_id']}>", "exec"), ns)
+    return ns
+
+
+@pytest.mark.parametrize("ex", CHAPTER.exercises, ids=lambda e: e.id)
+def test_stub_fails_with_not_implemented_message(ex, student):
+    with pytest.raises(CheckFailure, match="is not implemented yet") as info:
+        check(ex.id, student[ex.entry])
+    assert info.value.category == "not-implemented"
+
+
+@pytest.mark.parametrize("ex_id, name, source, expect", BUGS, ids=[f"{b[0]}-{b[1]}" for b in BUGS])
+def test_known_bug_is_rejected_with_a_teaching_message(ex_id, name, source, expect):
+    failure = rejects(ex_id, source)
+    assert failure is not None, f"{ex_id}: the checker accepted the known bug {name!r}"
+    text = str(failure)
+    assert "call:" in text, text
+    if expect:
+        assert expect in text, f"expected the hint to mention {expect!r}:\n{text}"
+
+
+def test_using_torch_where_forbidden_is_caught(solution):
+    ns = dict(solution)
+    exec("import torch\ndef tensor_keys(device='cpu', **kw):\n    return str(torch.ones(1))\n", ns)
+    with pytest.raises(CheckFailure) as info:
+        check("ch03.tensor_keys", ns["tensor_keys"])
+    assert info.value.category == "forbidden"
+
+
+def test_hidden_cases_are_deterministic_and_awkward():
+    for ex in CHAPTER.exercises:
+        first = [c.call_text(ex.entry) for c in ex.hidden_cases()]
+        assert first == [c.call_text(ex.entry) for c in ex.hidden_cases()], ex.id
+    flops = [c.args[0] for c in CHAPTER.exercise("ch03.flop_counter").hidden_cases()]
+    sizes = {s for spec in flops for s in spec[1:] if isinstance(s, int)}
+    assert 1 in sizes and any(s % 2 for s in sizes if s > 2)  # size-1 and odd (non-power-of-two) sizes
+    op_shapes = [c.args[0] for c in CHAPTER.exercise("ch03.custom_op").hidden_cases()]
+    assert any(0 in s for s in op_shapes) and any(1 in s for s in op_shapes)
+    paths = CHAPTER.exercise("ch03.dispatch_path").hidden_cases()
+    kinds = {c.label.split(":")[0] for c in paths}
+    assert kinds == {"probe", "probe_", "probe_factory"}
+    assert any(c.kwargs.get("modes", [None])[0] == "fake" for c in paths)
+
+
+@pytest.mark.slow
+def test_trusted_grading_of_a_submission(tmp_path):
+    """The whole notebook through the sandbox: right answers score, two known bugs score 0 with a hint."""
+    import copy
+
+    from ptinternals.grading.sandbox import SandboxConfig, bwrap_works
+    from ptinternals.grading.testing import solution_notebook
+    from ptinternals.grading.trusted import grade_notebook
+
+    bugs = {"ex3_3_code": BUGGY["ch03.flop_counter"]["forgets_backward"],
+            "ex3_6_code": BUGGY["ch03.custom_op"]["fake_wrong_dtype"]}
+    nb = copy.deepcopy(solution_notebook(CHAPTER.assignment))
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in bugs:
+            cell.source = bugs[gid][0]
+    isolation = "bwrap" if bwrap_works("cpu")[0] else "process"
+    report = grade_notebook(nb, CHAPTER, tmp_path, SandboxConfig(isolation=isolation))
+    results = {r.grade_id: r for r in report.exercises}
+    for ex in CHAPTER.exercises:
+        r = results[ex.grade_id]
+        if ex.grade_id.replace("_tests", "_code") in bugs:
+            expect = bugs[ex.grade_id.replace("_tests", "_code")][1]
+            assert r.score == 0 and r.category == "wrong" and expect in r.message, r.message
+        else:
+            assert r.passed and r.score == ex.points, r.message
+
+
+@pytest.mark.gpu
+def test_memory_estimate_matches_a_real_cuda_run(solution):
+    """On a GPU the truth of Exercise 3.7 is a real CUDA run; the parameters' bytes are what the caching
+    allocator reports."""
+    import torch
+
+    from ptinternals.dispatch.exercises import real_memory
+    from ptinternals.grading.probes.dispatch import estimate_memory_probe, memory_model
+
+    cases = [(("mlp", 16, 64, 4, "float32", False), (8, 16), "float32"),
+             (("mlp", 100, 257, 3, "float32", True), (7, 100), "float32"),
+             (("lm", 50, 16, "float32", True), (2, 9), "int64"),
+             (("conv", 3, 5, 3, "float32"), (2, 3, 9, 9), "float32")]
+    for spec, shape, dtype in cases:
+        ours = estimate_memory_probe(solution["estimate_memory"], spec, shape, dtype, "cuda")
+        assert ours == real_memory(spec, shape, dtype, "cuda", run_on="cuda"), spec
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        with torch.device("cuda"):
+            model = memory_model(spec)
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() - before == ours["parameters"], spec
+        del model
