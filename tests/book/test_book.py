@@ -1,5 +1,4 @@
 """The built book: builds with no warnings, renders offline, answers quiz clicks, leaks no solution."""
-import json
 import re
 from pathlib import Path
 
@@ -9,7 +8,7 @@ import yaml
 
 from .conftest import ROOT
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
 
 
 def toc_chapters() -> list[str]:
@@ -94,7 +93,7 @@ def test_pages_render_offline_with_figures(built_book, book_server, browser):
     for chapter in ["book/intro", *toc_chapters()]:
         page = browser.new_page()
         requests = []
-        page.on("request", lambda r: requests.append(r.url))
+        page.on("request", lambda r, seen=requests: seen.append(r.url))
         page.goto(f"{book_server}/{chapter}.html", wait_until="networkidle")
         assert "PyTorch Internals" in page.title()
         foreign = [u for u in requests if not u.startswith(book_server) and not u.startswith("data:")]

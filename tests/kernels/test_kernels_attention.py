@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernels_testing import DEVICE, assert_close
 
 from ptinternals.kernels import flash_attention, flash_attention_backward, flash_attention_forward
 from ptinternals.kernels.attention import FWD_CPU_CONFIG, FWD_GPU_CONFIGS
+
+from .kernels_testing import DEVICE, assert_close
 
 
 def _qkv(b, h, sq, sk, d, dtype, seed=0, layout="contiguous"):

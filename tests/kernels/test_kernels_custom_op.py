@@ -2,7 +2,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from kernels_testing import DEVICE, assert_close
 
 from ptinternals.kernels.custom_op import (
     TritonLayerNorm,
@@ -10,6 +9,8 @@ from ptinternals.kernels.custom_op import (
     layer_norm_op,
     triton_layer_norm,
 )
+
+from .kernels_testing import DEVICE, assert_close
 
 
 def _inputs(shape, dtype=torch.float32, seed=0, transposed=False):

@@ -4,9 +4,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernels_testing import assert_close, make
 
 from ptinternals.kernels import layer_norm, layer_norm_backward, layer_norm_forward
+
+from .kernels_testing import assert_close, make
 
 DTYPES = [torch.float32, torch.float16, torch.float64]
 

@@ -3,11 +3,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernels_testing import make
 
 from ptinternals.kernels import matmul
 from ptinternals.kernels.blocked_matmul import CPU_CONFIG, GPU_CONFIGS, grouped_tile_order, panels_touched
 from ptinternals.kernels.offline_compile import SM90_MAX_SHARED
+
+from .kernels_testing import make
 
 
 def _check(got, a, b):

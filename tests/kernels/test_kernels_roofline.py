@@ -7,13 +7,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernels_testing import DEVICE
 from matplotlib.figure import Figure
 
 from ptinternals.benchmark import Measurement, Peaks
 from ptinternals.kernels import costs
 from ptinternals.kernels.inductor import triton_kernel_names, triton_kernel_source
 from ptinternals.viz.roofline import roofline_figure
+
+from .kernels_testing import DEVICE
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -3,9 +3,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernels_testing import assert_close, make
 
 from ptinternals.kernels import softmax
+
+from .kernels_testing import assert_close, make
 
 DTYPES = [torch.float32, torch.float16, torch.float64]
 

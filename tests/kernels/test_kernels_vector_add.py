@@ -3,9 +3,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernels_testing import assert_close, make
 
 from ptinternals.kernels import add
+
+from .kernels_testing import assert_close, make
 
 
 @settings(max_examples=12)

@@ -165,9 +165,18 @@ def normalize_db_url(url: str) -> str:
 def configure(c, root: str | os.PathLike) -> None:
     """Apply the course's nbgrader settings to config ``c`` for the course at ``root``."""
     from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
-    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds,
-                                        GetGrades, IgnorePattern, LimitOutput, OverwriteCells, OverwriteKernelspec,
-                                        SaveAutoGrades)
+    from nbgrader.preprocessors import (
+        AssignLatePenalties,
+        CheckCellMetadata,
+        ClearOutput,
+        DeduplicateIds,
+        GetGrades,
+        IgnorePattern,
+        LimitOutput,
+        OverwriteCells,
+        OverwriteKernelspec,
+        SaveAutoGrades,
+    )
 
     root = str(Path(root).resolve())
     c.CourseDirectory.root = root

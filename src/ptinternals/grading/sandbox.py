@@ -397,6 +397,8 @@ def _run_leased(job, input_arrays, config, mode, root, job_dir, out_dir, site_di
                 _kill_uid(uid)
     rc = proc.returncode
     sig = -rc if rc is not None and rc < 0 else None
+    if mode == "bwrap" and rc is not None and 128 < rc < 160:  # bwrap reports a child's signal as 128 + n
+        sig = rc - 128
     if sig == signal.SIGKILL and not timed_out and not memory_exceeded and config.device != "cuda":
         memory_exceeded = _looks_like_oom(root)
     result = SandboxResult(rc, sig, timed_out, memory_exceeded, time.monotonic() - t0, mode, out_dir,

@@ -6,6 +6,7 @@ also drive the end-to-end autograde tests (a bug is pasted into a student notebo
 """
 from __future__ import annotations
 
+import linecache
 from pathlib import Path
 
 import nbformat
@@ -42,7 +43,10 @@ def namespace_with(assignment: str, replace: dict[str, str] | None = None) -> di
                 except Exception:
                     pass
             continue
-        exec(compile((replace or {}).get(gid, src), f"<{gid}>", "exec"), ns)
+        code = (replace or {}).get(gid, src)
+        filename = f"<cell {gid}>"  # registered like IPython does, so triton.jit can read the source
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        exec(compile(code, filename, "exec"), ns)
     return ns
 
 
@@ -54,7 +58,9 @@ def rejects(exercise_id: str, source: str, entry: str | None = None) -> CheckFai
     chapter = load_chapter(exercise_id)
     ex = chapter.exercise(exercise_id)
     ns = namespace_with(chapter.assignment)
-    exec(compile(source, f"<buggy {exercise_id}>", "exec"), ns)
+    filename = f"<buggy {exercise_id}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), ns)
     try:
         check(exercise_id, ns[entry or ex.entry], hidden=True)
     except CheckFailure as failure:

@@ -13,8 +13,9 @@ follows), each a Triton kernel plus the torch-facing wrapper that checks inputs 
 ``attention_backward`` its backward: dK/dV and dQ kernels rebuilding P from the saved logsumexp
 ``custom_op``          a kernel as a real operator: ``torch.library.custom_op``, fake, autograd
 ``costs``              bytes and FLOPs per kernel, the roofline (see ``ptinternals.viz.roofline``)
-``inductor``           reading the Triton code ``torch.compile`` generates
+``inductor``           reading the Triton code ``torch.compile`` generates (on the CPU too)
 ``offline_compile``    compiling for sm_90 without a GPU: shared memory, registers, wgmma
+``exercises``          the chapter's graded checks (imported by the grader, not here)
 =====================  ==========================================================================
 """
 from . import common  # noqa: F401  (sorts first, and must: it sets TRITON_INTERPRET before triton is imported)

@@ -28,6 +28,66 @@ def generated_code(fn: Callable, *args) -> list[str]:
     return list(sources)
 
 
+def _code_text(obj) -> str:
+    """The module source inside whatever ``GraphLowering.codegen`` returned (it varies by version)."""
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, (tuple, list)) and obj:
+        return _code_text(obj[0])
+    for attr in ("value", "source_code", "code"):
+        if isinstance(getattr(obj, attr, None), str):
+            return getattr(obj, attr)
+    return str(obj)
+
+
+def generated_triton_code(fn: Callable, *args) -> list[str]:
+    """The Triton code Inductor writes for ``fn(*args)``, with or without a GPU.
+
+    On CUDA this is :func:`generated_code`. On the CPU Inductor writes C++ unless
+    ``torch._inductor.config.cpu_backend = "triton"``; then it writes Triton kernels for the CPU, but
+    loading them needs a Triton CPU driver ("0 active drivers" here). So the code is captured where
+    ``GraphLowering.codegen`` returns it, before anything is compiled, and the run is abandoned.
+    Should a torch version move those internals, this falls back to the C++ code.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    import torch
+
+    if torch.cuda.is_available():
+        return generated_code(fn, *args)
+    import torch._inductor.config as inductor_config
+    import torch.utils._triton as torch_triton
+    from torch._inductor.graph import GraphLowering
+
+    class _Captured(Exception):
+        pass
+
+    captured: list[str] = []
+    original_codegen = GraphLowering.codegen
+    saved = {name: getattr(torch_triton, name) for name in ("triton_backend", "triton_hash_with_backend")}
+
+    def codegen(self, *a, **k):
+        captured.append(_code_text(original_codegen(self, *a, **k)))
+        raise _Captured()
+
+    torch._dynamo.reset()
+    try:
+        GraphLowering.codegen = codegen
+        torch_triton.triton_backend = lambda: None          # no driver: the backend only feeds a cache key
+        torch_triton.triton_hash_with_backend = lambda: "cpu-interpret"
+        with inductor_config.patch(cpu_backend="triton"):
+            torch.compile(fn)(*args)
+    except Exception:
+        if not captured:
+            return generated_code(fn, *args)
+    finally:
+        GraphLowering.codegen = original_codegen
+        for name, value in saved.items():
+            setattr(torch_triton, name, value)
+        torch._dynamo.reset()
+    return captured or generated_code(fn, *args)
+
+
 def triton_kernel_names(source: str) -> list[str]:
     """Names of the ``@triton.jit`` kernels defined in Inductor output code, in order."""
     if not isinstance(source, str):

@@ -12,6 +12,14 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 
 
+from ..grading import strategies as S
+from ..grading._runtime import TensorInfo
+from ..grading.cases import draw
+from ..grading.compare import close_tensors, describe, same_value
+from ..grading.exercise import Case, Chapter, Exercise, Raises
+
+
+# ---- helpers ------------------------------------------------------------------------------------
 def _cases(fn, *strategies):
     """A strategy of Cases: ``fn(draw, *drawn)`` builds one from the drawn values."""
 
@@ -21,14 +29,7 @@ def _cases(fn, *strategies):
 
     return build()
 
-from ..grading import strategies as S
-from ..grading.cases import draw
-from ..grading.compare import close_tensors, describe, same_value
-from ..grading.exercise import Case, Chapter, Exercise, Raises
-from ..grading._runtime import TensorInfo
 
-
-# ---- helpers ------------------------------------------------------------------------------------
 def torch_view(shape, strides, offset=0, dtype=torch.float64):
     """A real tensor with exactly this layout, over storage 0, 1, 2, ... (so values are positions)."""
     n = 1 + offset + sum((s - 1) * st for s, st in zip(shape, strides)) if all(shape) else 1
@@ -71,8 +72,14 @@ def layout_label(shape, strides, offset=None) -> str:
     return base + (f" at offset {offset}" if offset else "")
 
 
+class StridesExercise(Exercise):
+    """Chapter 1's exercises run in milliseconds: a short limit keeps hostile code cheap to grade."""
+
+    timeout_s = 10.0
+
+
 # ---- 1.1 ---------------------------------------------------------------------------------------
-class ContiguousStrides(Exercise):
+class ContiguousStrides(StridesExercise):
     id, number, entry, grade_id, points = "ch01.contiguous_strides", "1.1", "contiguous_strides", "ex1_1_tests", 1
     title = "the strides of a fresh tensor"
     forbid = ("torch", "numpy")
@@ -103,7 +110,7 @@ class ContiguousStrides(Exercise):
 
 
 # ---- 1.2 ---------------------------------------------------------------------------------------
-class StorageIndex(Exercise):
+class StorageIndex(StridesExercise):
     id, number, entry, grade_id, points = "ch01.storage_index", "1.2", "storage_index", "ex1_2_tests", 1
     title = "where an element lives in storage"
     forbid = ("torch", "numpy")
@@ -143,7 +150,7 @@ class StorageIndex(Exercise):
 
 
 # ---- 1.3 ---------------------------------------------------------------------------------------
-class IsContiguous(Exercise):
+class IsContiguous(StridesExercise):
     id, number, entry, grade_id, points = "ch01.is_contiguous", "1.3", "is_contiguous", "ex1_3_tests", 1
     title = "PyTorch's contiguity rule"
     forbid = ("torch", "numpy")
@@ -174,7 +181,7 @@ class IsContiguous(Exercise):
 
 
 # ---- 1.4 ---------------------------------------------------------------------------------------
-class ViewStrides(Exercise):
+class ViewStrides(StridesExercise):
     id, number, entry, grade_id, points = "ch01.view_strides", "1.4", "view_strides", "ex1_4_tests", 3
     title = "view: strides for a new shape, or None"
     forbid = ("torch", "numpy")
@@ -219,7 +226,7 @@ class ViewStrides(Exercise):
 
 
 # ---- 1.5 ---------------------------------------------------------------------------------------
-class ExpandStrides(Exercise):
+class ExpandStrides(StridesExercise):
     id, number, entry, grade_id, points = "ch01.expand_strides", "1.5", "expand_strides", "ex1_5_tests", 2
     title = "broadcasting with stride 0"
     forbid = ("torch", "numpy")
@@ -264,7 +271,7 @@ class ExpandStrides(Exercise):
 
 
 # ---- 1.6 ---------------------------------------------------------------------------------------
-class SliceView(Exercise):
+class SliceView(StridesExercise):
     id, number, entry, grade_id, points = "ch01.slice_view", "1.6", "slice_view", "ex1_6_tests", 2
     title = "slicing with steps, like x[:, a:b:c]"
     forbid = ("torch", "numpy")
@@ -315,7 +322,7 @@ class SliceView(Exercise):
 
 
 # ---- 1.7 ---------------------------------------------------------------------------------------
-class SlidingWindows(Exercise):
+class SlidingWindows(StridesExercise):
     id, number, entry, grade_id, points = "ch01.sliding_windows", "1.7", "sliding_windows", "ex1_7_tests", 2
     title = "sliding windows as a zero-copy view"
     probe = "ptinternals.grading.probes.strides:record_torch_calls"
@@ -366,7 +373,7 @@ class SlidingWindows(Exercise):
 
 
 # ---- 1.8 ---------------------------------------------------------------------------------------
-class Im2Col(Exercise):
+class Im2Col(StridesExercise):
     id, number, entry, grade_id, points = "ch01.im2col", "1.8", "im2col", "ex1_8_tests", 2
     title = "im2col patches as a view, for convolution as a matmul"
     probe = "ptinternals.grading.probes.strides:record_torch_calls"

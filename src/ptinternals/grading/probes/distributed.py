@@ -24,7 +24,6 @@ import datetime
 import functools
 import io
 import json
-import math
 import mmap
 import os
 import pickle
@@ -470,7 +469,7 @@ def spawn(body, world_size: int, entry, *, init: bool = True, deadline_s: float 
         raise RankHangError(message)
     finally:
         os.close(release_w)  # releases ranks that finished
-        for pid, result_r, slot, _ in procs:
+        for pid, *_ in procs:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -492,7 +491,6 @@ def spawn(body, world_size: int, entry, *, init: bool = True, deadline_s: float 
 def plain_python(entry, *args, **kwargs):
     """Call ``entry`` and record the torch functions it used (these exercises are arithmetic: the point
     is to write it, not to ask ``torch.tensor_split`` or ``dist._compute_bucket_assignment_by_size``)."""
-    import torch
     from torch.overrides import TorchFunctionMode
 
     calls = set()
@@ -664,7 +662,8 @@ def no_sync_steps(entry, world_size, spec):
 # ================================================================================================
 def _state_bytes(obj, exclude: set) -> int:
     """Bytes of the tensors reachable from ``obj`` (its attributes, containers, inner optimizers),
-    each storage counted once, leaving out the model's parameters and gradients (``exclude``)."""
+    each storage counted once, leaving out the model's parameters and gradients (``exclude``) and the
+    ``.grad`` of the tensors found (gradients are not optimizer state)."""
     import torch
     from torch import nn
 
@@ -682,9 +681,7 @@ def _state_bytes(obj, exclude: set) -> int:
             s = o.untyped_storage()
             if s.data_ptr() not in exclude and s.nbytes():
                 storages[s.data_ptr()] = max(storages.get(s.data_ptr(), 0), s.nbytes())
-            if o.grad is not None:
-                stack.append((o.grad, depth + 1))
-            continue
+            continue  # a tensor's .grad is a gradient, not optimizer state: not counted
         if isinstance(o, (nn.Module, types.ModuleType, types.FunctionType, types.MethodType, type)):
             continue
         if isinstance(o, dict):

@@ -336,6 +336,8 @@ def ddp_probe(entry, state0, state1, batches, lr: float = 0.1, timeout_s: float 
             if p.is_alive():
                 p.kill()
     if errors:
+        if all(m.startswith("NotImplementedError") for m in errors.values()):
+            raise NotImplementedError(errors[min(errors)])
         return {"error": "; ".join(f"rank {r}: {m}" for r, m in sorted(errors.items()))}
     out = {}
     for r in (0, 1):
@@ -381,7 +383,11 @@ def train_run(entry, preset: str, overrides: dict, val, block_size: int, n_windo
         return {"not_a_module": type(model).__name__}
     device = next(model.parameters()).device
     model.eval()
-    loss = _val_loss(model, val, block_size, n_windows, device)
+    try:
+        loss = _val_loss(model, val, block_size, n_windows, device)
+        val_error = None
+    except Exception as e:  # e.g. a context shorter than the preset's: still report the model's shape
+        loss, val_error = float("nan"), f"{type(e).__name__}: {str(e)[:300]}"
     unique = {p.data_ptr(): p for p in model.parameters()}
     n_params = sum(p.numel() for p in unique.values())
     wpe = dict(model.named_parameters()).get("transformer.wpe.weight")
@@ -391,4 +397,4 @@ def train_run(entry, preset: str, overrides: dict, val, block_size: int, n_windo
     return {"val_loss": loss, "seconds": seconds, "device": device.type,
             "tokens_per_s": tokens_per_run / seconds if tokens_per_run and seconds > 0 else 0.0,
             "n_params": n_params - (wpe.numel() if wpe is not None else 0), "config": fields,
-            "finite": math.isfinite(loss)}
+            "finite": math.isfinite(loss), "val_error": val_error}

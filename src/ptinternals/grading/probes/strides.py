@@ -7,7 +7,6 @@ def record_torch_calls(entry, *args, **kwargs):
     The checker uses this to ask for ``as_strided`` rather than ``unfold`` (the point of the
     exercise is the stride arithmetic) and to spot copies.
     """
-    import torch
     from torch.overrides import TorchFunctionMode
 
     calls = set()

@@ -1,0 +1,136 @@
+"""Tests of the tests: chapter 7's checkers accept the solution, call the stubs "not implemented", and
+reject every known bug with a message that names the cause."""
+
+import pytest
+import torch
+
+from ptinternals.grading import CheckFailure, check
+from ptinternals.grading.probes import kernels as probe
+from ptinternals.kernels.exercises import PerfTarget, compare_perf, grouped_order
+
+from .buggy import BUGGY, GPU_BUGGY
+from .exercises_testing import CHAPTER, namespace, rejects, student_sources
+
+BUGS = [(ex_id, name, src, expect) for ex_id, bugs in BUGGY.items() for name, (src, expect) in bugs.items()]
+GPU_BUGS = [
+    (ex_id, name, src, expect) for ex_id, bugs in GPU_BUGGY.items() for name, (src, expect) in bugs.items()
+]
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return namespace()
+
+
+def test_every_exercise_has_a_bank_of_at_least_three_bugs():
+    assert {ex.id for ex in CHAPTER.exercises} == set(BUGGY)
+    assert all(len(bugs) >= 3 for bugs in BUGGY.values())
+    assert len(CHAPTER.exercises) >= 6 and all(ex.gpu for ex in CHAPTER.exercises if ex.probe)
+
+
+@pytest.mark.parametrize("ex", CHAPTER.exercises, ids=lambda e: e.id)
+def test_solution_passes_visible_and_hidden(ex, solution, capsys):
+    assert (
+        check(ex.id, solution[ex.entry], hidden=True) is None
+    )  # None: nbgrader must not read partial credit
+    assert "passed" in capsys.readouterr().out
+
+
+def test_student_stubs_fail_only_with_not_implemented():
+    ns = namespace(sources=student_sources())
+    for ex in CHAPTER.exercises:
+        with pytest.raises(CheckFailure, match="is not implemented yet") as info:
+            check(ex.id, ns[ex.entry])
+        assert info.value.category == "not-implemented", (ex.id, str(info.value))
+
+
+@pytest.mark.parametrize("ex_id, name, source, expect", BUGS, ids=[f"{b[0]}-{b[1]}" for b in BUGS])
+def test_known_bug_is_rejected_with_a_teaching_message(ex_id, name, source, expect):
+    failure = rejects(ex_id, source)
+    assert failure is not None, f"{ex_id}: the checker accepted the known bug {name!r}"
+    text = str(failure)
+    assert "call:" in text, text
+    if expect:
+        assert expect in text, f"expected the message to mention {expect!r}:\n{text}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ex_id, name, source, expect", GPU_BUGS, ids=[f"{b[0]}-{b[1]}" for b in GPU_BUGS])
+def test_gpu_only_bug_is_rejected_on_a_gpu(ex_id, name, source, expect):
+    failure = rejects(ex_id, source)
+    assert failure is not None and expect in str(failure), str(failure)
+
+
+def test_gpu_only_bugs_pass_in_the_interpreter():
+    """Why GPU_BUGGY exists: the interpreter accepts tl.dot on blocks under 16."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU these bugs are rejected (test_gpu_only_bug_is_rejected_on_a_gpu)")
+    for ex_id, _name, source, _ in GPU_BUGS:
+        ex = CHAPTER.exercise(ex_id)
+        ns = namespace({ex.grade_id.replace("_tests", "_code"): source})
+        check(ex_id, ns[ex.entry])
+
+
+# ---- the probe: guards, op records, launches ------------------------------------------------------
+def test_guard_turns_an_out_of_bounds_store_into_a_report(solution):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def unmasked_copy(x_ptr, out_ptr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs))  # no mask: 1024 - 1000 lanes past the end
+
+    def copy(x):
+        out = torch.empty_like(x)
+        unmasked_copy[(1,)](x, out, BLOCK=1024)
+        return out
+
+    result = probe.kernel_case(copy, torch.randn(1000))
+    assert result["launches"] == 1 and result["oob"] and "empty_like" in result["oob"][0]
+    assert not probe.kernel_case(torch.add, torch.randn(3), torch.randn(3))["launches"]
+
+
+def test_unwritten_outputs_and_reads_past_the_end_are_nan(solution):
+    result = probe.run_guarded(lambda x: torch.empty(5), torch.randn(2))
+    assert torch.isnan(result["out"]).all()
+
+
+def test_bf16_is_skipped_on_the_cpu_and_performance_without_a_gpu(solution):
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    result = probe.kernel_case(solution["softmax"], x)
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU bf16 runs")
+    assert result["skipped"].startswith("bf16")
+    perf = probe.kernel_case(
+        solution["softmax"], {"benchmark": "softmax", "shape": [64, 64], "dtype": "float16"}
+    )
+    assert "GPU only" in perf["skipped"]
+
+
+def test_performance_is_judged_as_a_ratio_to_torch_with_the_roofline_in_the_message():
+    target = PerfTarget("softmax", 1.0, (4096, 4096), "bfloat16", "torch.softmax")
+    fast = {
+        "device": "cuda",
+        "gpu": "NVIDIA H200",
+        "ms": 0.030,
+        "torch_ms": 0.031,
+        "max_abs_err": 1e-3,
+        "ref_max_abs": 0.5,
+    }
+    assert compare_perf(fast, target, 1.6e-2) is None
+    slow = dict(fast, ms=0.050)
+    message = compare_perf(slow, target, 1.6e-2)
+    assert "0.62x torch" in message and "GB/s" in message and "memory-bound" in message
+    wrong = dict(fast, max_abs_err=5.0)
+    assert "differs from torch" in compare_perf(wrong, target, 1.6e-2)
+    assert compare_perf({"skipped": "no GPU", "device": "cpu"}, target, 1.6e-2) is None
+    mm = PerfTarget("matmul", 0.9, (4096, 4096, 4096), "float16", "cuBLAS")
+    assert "compute-bound" in compare_perf(dict(fast, ms=1.0, torch_ms=0.2, ref_max_abs=100.0), mm, 2e-3)
+
+
+def test_grouped_order_expected_agrees_with_the_reference_index_math():
+    from ptinternals.kernels.blocked_matmul import grouped_tile_order
+
+    for m, n, g in [(4, 4, 1), (4, 4, 2), (5, 3, 2), (7, 5, 3), (9, 1, 10), (1, 9, 4)]:
+        assert grouped_order(m, n, g) == grouped_tile_order(m, n, g)
