@@ -98,6 +98,7 @@ def parse_source(text: str, chapter) -> nbformat.NotebookNode:
             elif words[0] == "quiz":
                 quiz_n += 1
                 cell.metadata["nbgrader"] = _nbgrader(f"quiz_show_{quiz_n}", locked=True)
+                cell.metadata["tags"] = ["remove-input"]  # the book shows the quiz, not the call
             elif words[0] == "quiz-grade":
                 cell.metadata["nbgrader"] = _nbgrader(chapter.quiz_grade_id, grade=True, locked=True, points=quiz_points)
                 cell.metadata["tags"] = ["raises-exception", "remove-output"]
