@@ -501,10 +501,14 @@ def suite_results(world_size: int) -> list[dict]:
         WORKDIR = tempfile.mkdtemp(prefix="ptinternals_dist_")
         atexit.register(shutil.rmtree, WORKDIR, True)
     if world_size not in _RESULTS:
-        from ptinternals.distributed import run_ranks
+        from ptinternals.distributed import default_backend, run_ranks
 
+        # gloo ranks can be forked from this process (torch already imported: no start-up cost);
+        # nccl ranks must be spawned (CUDA does not survive a fork).
+        method = "fork" if default_backend(world_size) == "gloo" else "spawn"
         try:
-            _RESULTS[world_size] = run_ranks(run_suite, world_size, PLANS[world_size], WORKDIR, timeout_s=240)
+            _RESULTS[world_size] = run_ranks(run_suite, world_size, PLANS[world_size], WORKDIR, timeout_s=240,
+                                             start_method=method)
         except Exception as exc:  # remember the failure: do not respawn for every test
             _RESULTS[world_size] = exc
     if isinstance(_RESULTS[world_size], Exception):

@@ -6,9 +6,9 @@ start-up, or for its timeout), and each test checks one of them.
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import distributed_checks as dc
-
 from ptinternals.distributed import RankFailedError, RankTimeoutError, run_ranks
+
+from . import distributed_checks as dc
 
 SCENARIOS = {
     "mismatch": (dc.mismatched_collectives, dict(timeout_s=2.0)),

@@ -5,8 +5,9 @@ the tests assert on what the ranks returned (per rank, in rank order).
 """
 import math
 
-import distributed_checks as dc
 import pytest
+
+from . import distributed_checks as dc
 
 
 def result(world_size: int, name: str, rank: int = 0) -> dict:

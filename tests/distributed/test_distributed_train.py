@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 
-import distributed_checks as dc
 import torch
+
+from . import distributed_checks as dc
 
 
 def torchrun(cwd, *args, timeout=240):

@@ -199,14 +199,18 @@ _HINT = ("Every rank must call the same collectives, in the same order, with mat
          "each collective's fingerprint across ranks.")
 
 
-def _validate(fn, world_size, backend, timeout_s, start_timeout_s, num_threads, debug):
+def _validate(fn, world_size, backend, timeout_s, start_timeout_s, num_threads, debug, start_method="spawn"):
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    try:
-        pickle.dumps(fn)
-    except Exception as exc:
-        raise TypeError(f"fn must be a module-level function (spawned ranks import it by name); "
-                        f"{getattr(fn, '__qualname__', fn)!r} cannot be pickled: {exc}") from None
+    if start_method not in ("spawn", "fork", "forkserver"):
+        raise ValueError(f"start_method must be 'spawn', 'fork' or 'forkserver', got {start_method!r}")
+    if start_method != "fork":  # a forked rank inherits fn; the others import it by name
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:
+            raise TypeError(f"fn must be a module-level function (spawned ranks import it by name); "
+                            f"{getattr(fn, '__qualname__', fn)!r} cannot be pickled: {exc} "
+                            f"(start_method='fork' inherits it instead)") from None
     if not isinstance(world_size, int) or isinstance(world_size, bool):
         raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
     if world_size < 1:
@@ -227,19 +231,24 @@ def _validate(fn, world_size, backend, timeout_s, start_timeout_s, num_threads, 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, backend: str | None = None,
               timeout_s: float = 60.0, start_timeout_s: float = 120.0, num_threads: int = 1,
-              debug: str | None = None, **kwargs: Any) -> list:
+              debug: str | None = None, start_method: str = "spawn", **kwargs: Any) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` in ``world_size`` spawned ranks; return results.
 
     - ``fn`` must be importable (module level) and return something picklable.
+    - ``start_method``: "spawn" (default) starts fresh interpreters, as torchrun does: each imports torch
+      (seconds). "fork" copies this process: instant, ``fn`` may be defined anywhere (a notebook cell),
+      but only safe before CUDA is initialised, hence gloo only.
     - ``backend``: None picks nccl when there is a GPU per rank, else gloo.
     - ``timeout_s`` counts from the moment every rank has initialised its process group;
       ``start_timeout_s`` bounds the start-up (imports + rendezvous).
     - A rank that raises or dies -> :class:`RankFailedError`; too slow -> :class:`RankTimeoutError`.
       Either way every rank is killed first, so this call never hangs.
     """
-    _validate(fn, world_size, backend, timeout_s, start_timeout_s, num_threads, debug)
+    _validate(fn, world_size, backend, timeout_s, start_timeout_s, num_threads, debug, start_method)
     backend = backend or default_backend(world_size)
-    ctx = mp.get_context("spawn")
+    if start_method == "fork" and backend == "nccl":
+        raise ValueError("start_method='fork' cannot be used with nccl: CUDA does not survive a fork")
+    ctx = mp.get_context(start_method)
     results = ctx.Queue()
     release = ctx.Event()
     trace_dir = tempfile.mkdtemp(prefix="ptinternals_ranks_")

@@ -30,32 +30,11 @@ import os
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from .ddp import DistributedDataParallel
 from .launch import find_free_port
-
-
-class TinyMLP(nn.Module):
-    """16 -> 32 -> 32 -> 4 with dropout, so that the RNG state matters for resuming."""
-
-    def __init__(self, d_in: int = 16, d_hidden: int = 32, d_out: int = 4, dropout: float = 0.1):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_in, d_hidden), nn.GELU(), nn.Dropout(dropout),
-                                 nn.Linear(d_hidden, d_hidden), nn.GELU(), nn.Linear(d_hidden, d_out))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-def make_dataset(n: int = 256, seed: int = 0) -> TensorDataset:
-    """A fixed synthetic regression set: y = tanh(x W) + noise, identical on every rank."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 16, generator=g)
-    w = torch.randn(16, 4, generator=g)
-    y = torch.tanh(x @ w) + 0.05 * torch.randn(n, 4, generator=g)
-    return TensorDataset(x, y)
+from .scaffold import TinyMLP, make_dataset  # noqa: F401  (re-exported: the trainer's model and data)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
