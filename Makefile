@@ -11,7 +11,7 @@ book: venv
 	@echo "book built: open _build/html/index.html"
 
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=25
 
 venv:
 	@scripts/bootstrap.sh

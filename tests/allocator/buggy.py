@@ -484,6 +484,7 @@ def should_split(block_size, size, pool, max_split_size=SIZE_MAX):
 # Exercises whose solution builds on another exercise's answer: a bug there also sinks these.
 DEPENDS_ON = {
     "ch04.size_plan": ("ch04.round_size",),
+    "ch04.release_cached_segments": ("ch04.merge_free_neighbours",),
     "ch04.memory_timeline": ("ch04.round_size", "ch04.size_plan", "ch04.find_best_fit", "ch04.should_split",
                              "ch04.merge_free_neighbours", "ch04.release_cached_segments", "ch04.stat"),
 }

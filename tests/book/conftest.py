@@ -21,9 +21,22 @@ def chromium_path() -> str | None:
 
 @pytest.fixture(scope="session")
 def built_book():
-    """Build the book exactly as the README says (`make book`); warnings are errors there."""
-    proc = subprocess.run(["make", "book"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
-    assert proc.returncode == 0, f"make book failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    """Build the book exactly as the README says (`make book`); warnings are errors there.
+
+    Under pytest-xdist each worker has its own session: a file lock makes the first worker build and
+    the others reuse that build (one build per test run, identified by xdist's run id).
+    """
+    import fcntl
+
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+    (ROOT / "_build").mkdir(exist_ok=True)
+    marker = ROOT / "_build" / ".built-by-test-run"
+    with open(ROOT / "_build" / ".book-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (marker.exists() and marker.read_text() == run_id):
+            proc = subprocess.run(["make", "book"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+            assert proc.returncode == 0, f"make book failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+            marker.write_text(run_id)
     return HTML
 
 

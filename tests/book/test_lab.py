@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.xdist_group("book")]
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 TOKEN = "ptinternals-test"
 
 
