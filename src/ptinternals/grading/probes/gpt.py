@@ -187,14 +187,15 @@ def checkpoint_probe(entry, state, batches, dropout: float):
     vocab, width, n_blocks = _shape(state)
     device = batches[0][0].device
     result = {}
-    for name, wrap in (("plain", None), ("checkpointed", lambda block, x: entry(block, x))):
+    x, y = batches[0]
+    for name, wrap in (("plain", None), ("checkpointed", lambda block, h: entry(block, h))):
         model = ProbeLM(vocab, width, n_blocks, dropout, wrap=wrap).to(device)
         model.load_state_dict(state)
-        x, y = batches[0]
         torch.manual_seed(1234)
-        (logits, loss), saved = _saved_bytes(lambda: model(x, y))
+        (logits, loss), saved = _saved_bytes(lambda model=model: model(x, y))
         loss.backward()
-        grads = {k: (p.grad.detach().float().cpu() if p.grad is not None else None) for k, p in model.named_parameters()}
+        grads = {k: (p.grad.detach().float().cpu() if p.grad is not None else None)
+                 for k, p in model.named_parameters()}
         result[name] = {"saved_bytes": saved, "loss": float(loss.detach()), "grads": grads}
     traj = probe_trajectory(state, batches, dropout=dropout, wrap=lambda block, x: entry(block, x))
     return {"trajectory": traj, "loss": result["checkpointed"]["loss"], "grads": result["checkpointed"]["grads"],
@@ -237,7 +238,7 @@ def train_step_probe(entry, state, steps, amp: str, grad_clip: float, lr: float 
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**12) if amp == "float16" else None
     losses, norms, dtypes = [], [], set()
     for micro in steps:
-        out, seen = _matmul_dtypes(lambda: entry(model, opt, scaler, list(micro), amp_dtype, grad_clip))
+        out, seen = _matmul_dtypes(lambda micro=micro: entry(model, opt, scaler, list(micro), amp_dtype, grad_clip))
         dtypes.update(seen)
         loss, norm = out
         losses.append(_as_float(loss))
@@ -367,15 +368,26 @@ def _val_loss(model, val, block_size: int, n_windows: int, device) -> float:
     return float(sum(losses) / windows[:, 1:].numel())
 
 
+@torch.no_grad()
+def _is_causal(model, val, T: int, device) -> bool | str:
+    """Do the logits at positions < T/2 ignore the tokens after them? (A model that sees the future
+    scores a low loss by copying the next character: the loss alone would not tell.)"""
+    try:
+        x = val.cpu()[:2 * T].view(2, T).clone().to(device)
+        changed = x.clone()
+        changed[:, T // 2:] = (changed[:, T // 2:] + 1) % max(int(val.max()) + 1, 2)
+        a, b = (out[0] if isinstance(out, (tuple, list)) else out for out in (model(x), model(changed)))
+        return bool(torch.allclose(a[:, :T // 2].float(), b[:, :T // 2].float(), rtol=1e-3, atol=1e-3))
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:200]}"
+
+
 def train_run(entry, preset: str, overrides: dict, val, block_size: int, n_windows: int = 64,
               tokens_per_run: int = 0, on_gpu: bool = False):
     """Time ``entry(...)`` (a training run that returns the model), then measure the model's validation
     loss here, on windows of the held-out split, from its logits (not from a loss it reports)."""
     if on_gpu and not torch.cuda.is_available():
         return {"skipped": "this case needs a GPU and there is none here"}
-    if preset == "gpu-smoke":
-        print("no GPU here: checking that the gpu preset builds nanoGPT's 10.65M-parameter model and trains one "
-              "step on the CPU; its validation loss and tokens/s are graded on a GPU (skipped here)")
     t0 = time.perf_counter()
     model = entry(overrides) if preset in ("gpu", "gpu-smoke") else entry(preset, overrides)
     seconds = time.perf_counter() - t0
@@ -388,6 +400,7 @@ def train_run(entry, preset: str, overrides: dict, val, block_size: int, n_windo
         val_error = None
     except Exception as e:  # e.g. a context shorter than the preset's: still report the model's shape
         loss, val_error = float("nan"), f"{type(e).__name__}: {str(e)[:300]}"
+    causal = _is_causal(model, val, min(block_size, 32), device)
     unique = {p.data_ptr(): p for p in model.parameters()}
     n_params = sum(p.numel() for p in unique.values())
     wpe = dict(model.named_parameters()).get("transformer.wpe.weight")
@@ -397,4 +410,4 @@ def train_run(entry, preset: str, overrides: dict, val, block_size: int, n_windo
     return {"val_loss": loss, "seconds": seconds, "device": device.type,
             "tokens_per_s": tokens_per_run / seconds if tokens_per_run and seconds > 0 else 0.0,
             "n_params": n_params - (wpe.numel() if wpe is not None else 0), "config": fields,
-            "finite": math.isfinite(loss), "val_error": val_error}
+            "finite": math.isfinite(loss), "val_error": val_error, "causal": causal}
