@@ -6,7 +6,8 @@
 #   autograder/gpu_check.sh --dry-run   on a CPU machine: validates arguments, the wheel list, every
 #                                       step's command line and the result files' schema (CI runs it)
 #
-# Steps, each with its own time budget (a step that overruns is stopped and reported, the rest run):
+# Steps, each with its own time budget (a step that overruns is stopped and reported, the rest run;
+# about 9 minutes at most in all, typically less; --budget-scale 0.8 tightens every budget):
 #   1. doctor     versions, device, isolation
 #   2. tests      every @pytest.mark.gpu test of the package
 #   3. autograde  every chapter's solution notebook graded on the GPU through `ptgrade` (must be full marks)
@@ -98,7 +99,7 @@ step doctor "$(budget 60)" "$py" -m ptinternals.grading.cli doctor
 if [ "$dry_run" = 1 ]; then
   step tests "$(budget 120)" "$py" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests
 else
-  step tests "$(budget 170)" "$py" -m pytest -m gpu -q -p no:cacheprovider -x --junitxml="$work/tests.xml" tests
+  step tests "$(budget 120)" "$py" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$work/tests.xml" tests
 fi
 
 # ---- 3. autograde every chapter's solution on the device, through ptgrade ---------------------------------
@@ -114,7 +115,9 @@ for ch in $chapters; do
 done
 device=cuda
 [ "$dry_run" = 1 ] && device=cpu
-step autograde "$(budget 170)" env PTGRADE_ROOT="$course" bash -c "
+# The capstone's graded GPU run is capped (its loss bound loosens accordingly); the full preset run is
+# measured by the benchmark below.
+step autograde "$(budget 150)" env PTGRADE_ROOT="$course" PTI_CH08_GPU_ITERS="${PTI_CH08_GPU_ITERS:-500}" bash -c "
   for ch in $chapters; do
     $py -m ptinternals.grading.cli autograde \$ch --device $device --quiet || echo \"autograde \$ch failed\"
   done"
@@ -124,14 +127,15 @@ cp -r "$course/autograder/reports" "$work/reports" 2>/dev/null || true
 if [ "$dry_run" = 1 ]; then
   step bench "$(budget 120)" "$py" bench/run.py --device cpu --small --only allocator --out "$work/bench"
 else
-  step bench "$(budget 150)" "$py" bench/run.py --device cuda --full --out "$work/bench"
+  step bench "$(budget 210)" env PTI_GPT_BENCH_ITERS="${PTI_GPT_BENCH_ITERS:-5000}" \
+    "$py" bench/run.py --device cuda --full --out "$work/bench"
 fi
 
 # ---- 5. allocator fidelity --------------------------------------------------------------------------------
 if [ "$dry_run" = 1 ]; then
   step allocator "$(budget 60)" "$py" -m ptinternals.allocator.recorder --help
 else
-  step allocator "$(budget 60)" "$py" -m ptinternals.allocator.recorder --out "$work/allocator"
+  step allocator "$(budget 45)" "$py" -m ptinternals.allocator.recorder --out "$work/allocator"
 fi
 
 # ---- report ----------------------------------------------------------------------------------------------

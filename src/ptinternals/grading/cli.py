@@ -330,8 +330,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interpreter_without_gpu() -> None:
+    """Without a GPU, Triton must run in its interpreter, and the switch must be on before anything
+    imports ``triton.language`` (torch 2.13's optimizers do): set it first thing in a grading process."""
+    if "TRITON_INTERPRET" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+
+
 def main(argv=None) -> int:
     # nbgrader runs `alembic` (and the workers run nbgrader) from PATH: make this environment's bin first.
+    _interpreter_without_gpu()
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
