@@ -20,6 +20,7 @@ def edit(grade_id: str, *pairs: tuple[str, str]) -> str:
 
 
 #: Exercises graded through another's answer cell: a bug there may fail them too (tests/test_notebooks.py).
+SLOW_HIDDEN = {"ch08.train_gpt"}  # its hidden case is the graded 800-step training run (a slow test)
 DEPENDS_ON = {"ch08.train_gpt": ("ch08.gpt", "ch08.train_step"),
               "ch08.train_gpu": ("ch08.gpt", "ch08.train_step", "ch08.train_gpt")}
 

@@ -292,3 +292,18 @@ def test_student_notebook_scores_zero_everywhere(tmp_path):
     report = grade_notebook(submission(student_version=True), CH, tmp_path, SandboxConfig(isolation=ISOLATION))
     assert report.score == 0
     assert {e.category for e in report.exercises} == {"not-implemented"}
+
+
+@pytest.mark.gpu
+def test_gpu_out_of_memory_costs_only_its_exercise(tmp_path):
+    code = body("""
+        import torch
+        def sliding_windows(x, size, step):
+            hog = [torch.empty(1 << 34, dtype=torch.uint8, device="cuda") for _ in range(1000)]  # > any GPU
+            return x
+        """)
+    results, _ = grade({"ex1_7_code": code}, only=("ch01.sliding_windows", "ch01.im2col"), tmp=tmp_path,
+                       device="cuda")
+    assert not results["ch01.sliding_windows"].passed
+    assert "out of memory" in results["ch01.sliding_windows"].message.lower()
+    assert results["ch01.im2col"].passed

@@ -4,14 +4,13 @@ reject every known bug with a message that names the cause."""
 import pytest
 import torch
 
-from ptinternals.grading import CheckFailure, check
+from ptinternals.grading import check
 from ptinternals.grading.probes import kernels as probe
 from ptinternals.kernels.exercises import PerfTarget, compare_perf, grouped_order
 
-from .buggy import BUGGY, GPU_BUGGY
-from .exercises_testing import CHAPTER, namespace, rejects, student_sources
+from .buggy import GPU_BUGGY
+from .exercises_testing import CHAPTER, namespace, rejects
 
-BUGS = [(ex_id, name, src, expect) for ex_id, bugs in BUGGY.items() for name, (src, expect) in bugs.items()]
 GPU_BUGS = [
     (ex_id, name, src, expect) for ex_id, bugs in GPU_BUGGY.items() for name, (src, expect) in bugs.items()
 ]
@@ -20,38 +19,6 @@ GPU_BUGS = [
 @pytest.fixture(scope="module")
 def solution():
     return namespace()
-
-
-def test_every_exercise_has_a_bank_of_at_least_three_bugs():
-    assert {ex.id for ex in CHAPTER.exercises} == set(BUGGY)
-    assert all(len(bugs) >= 3 for bugs in BUGGY.values())
-    assert len(CHAPTER.exercises) >= 6 and all(ex.gpu for ex in CHAPTER.exercises if ex.probe)
-
-
-@pytest.mark.parametrize("ex", CHAPTER.exercises, ids=lambda e: e.id)
-def test_solution_passes_visible_and_hidden(ex, solution, capsys):
-    assert (
-        check(ex.id, solution[ex.entry], hidden=True) is None
-    )  # None: nbgrader must not read partial credit
-    assert "passed" in capsys.readouterr().out
-
-
-def test_student_stubs_fail_only_with_not_implemented():
-    ns = namespace(sources=student_sources())
-    for ex in CHAPTER.exercises:
-        with pytest.raises(CheckFailure, match="is not implemented yet") as info:
-            check(ex.id, ns[ex.entry])
-        assert info.value.category == "not-implemented", (ex.id, str(info.value))
-
-
-@pytest.mark.parametrize("ex_id, name, source, expect", BUGS, ids=[f"{b[0]}-{b[1]}" for b in BUGS])
-def test_known_bug_is_rejected_with_a_teaching_message(ex_id, name, source, expect):
-    failure = rejects(ex_id, source)
-    assert failure is not None, f"{ex_id}: the checker accepted the known bug {name!r}"
-    text = str(failure)
-    assert "call:" in text, text
-    if expect:
-        assert expect in text, f"expected the message to mention {expect!r}:\n{text}"
 
 
 @pytest.mark.gpu

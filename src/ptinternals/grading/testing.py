@@ -20,22 +20,25 @@ def solution_notebook(assignment: str) -> nbformat.NotebookNode:
     return nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
 
 
-def answer_sources(assignment: str) -> dict[str, str]:
-    """``{grade_id: source}`` of the setup and answer cells of the solution notebook."""
+def answer_sources(assignment: str, student: bool = False) -> dict[str, str]:
+    """``{grade_id: source}`` of the setup and answer cells of the solution (or the student) notebook."""
+    nb = (nbformat.read(ROOT / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4) if student
+          else solution_notebook(assignment))
     out = {}
-    for cell in solution_notebook(assignment).cells:
+    for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "setup"):
             out[meta["grade_id"]] = cell.source
     return out
 
 
-def namespace_with(assignment: str, replace: dict[str, str] | None = None) -> dict:
-    """Execute the solution's answer cells (optionally replacing some) and return the namespace."""
+def namespace_with(assignment: str, replace: dict[str, str] | None = None, student: bool = False) -> dict:
+    """Execute the setup cell, then the solution's (or the student stubs') answer cells, optionally
+    replacing some, and return the namespace: what the grading sandbox would see."""
     import ast
 
     ns: dict = {"__name__": "__main__"}
-    for gid, src in answer_sources(assignment).items():
+    for gid, src in answer_sources(assignment, student).items():
         if gid == "setup":  # as in the sandbox: the course's own cell, statement by statement, errors ignored
             for stmt in ast.parse(src).body:
                 try:
@@ -51,9 +54,12 @@ def namespace_with(assignment: str, replace: dict[str, str] | None = None) -> di
 
 
 def rejects(exercise_id: str, source: str, entry: str | None = None) -> CheckFailure | None:
-    """Run ``source`` (defining the entry point) against the exercise's visible and hidden cases.
+    """Run ``source`` (defining the entry point, on top of the solution's cells) against the exercise's
+    visible cases, then its hidden ones.
 
-    Returns the CheckFailure when the checker rejects it, or None when it (wrongly) passes.
+    Returns the CheckFailure when the checker rejects it, or None when it (wrongly) passes. Visible
+    cases go first: when one fails, the report is the one the hidden run would give too (the simplest
+    failing case is a visible one), at a fraction of the time.
     """
     chapter = load_chapter(exercise_id)
     ex = chapter.exercise(exercise_id)
@@ -61,8 +67,9 @@ def rejects(exercise_id: str, source: str, entry: str | None = None) -> CheckFai
     filename = f"<buggy {exercise_id}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), ns)
-    try:
-        check(exercise_id, ns[entry or ex.entry], hidden=True)
-    except CheckFailure as failure:
-        return failure
+    for hidden in (False, True):
+        try:
+            check(exercise_id, ns[entry or ex.entry], hidden=hidden)
+        except CheckFailure as failure:
+            return failure
     return None
