@@ -10,7 +10,6 @@ import torch
 from ptinternals.grading import CheckFailure, check, load_chapter
 from ptinternals.grading.testing import namespace_with
 
-
 CHAPTER = load_chapter("ch02")
 def test_hidden_cases_are_many_and_awkward():
     for ex in CHAPTER.exercises:

@@ -4,7 +4,6 @@ import pytest
 from ptinternals.grading import CheckFailure, check, load_chapter
 from ptinternals.grading.testing import namespace_with
 
-
 CHAPTER = load_chapter("ch01")
 def test_using_torch_where_forbidden_is_caught():
     src = "def contiguous_strides(shape):\n    return tuple(torch.empty(shape).stride())\n"

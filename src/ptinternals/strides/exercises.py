@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
-
 from ..grading import strategies as S
 from ..grading._runtime import TensorInfo
 from ..grading.cases import draw
