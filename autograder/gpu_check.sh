@@ -103,8 +103,8 @@ else
 fi
 
 # ---- 3. autograde every chapter's solution on the device, through ptgrade ---------------------------------
-chapters=$(cd "$root/solutions" && ls -d ch*/ 2>/dev/null | tr -d / | tr '\n' ' ')
-[ "$dry_run" = 1 ] && chapters="ch01_strides"
+chapters=$("$py" -c "from ptinternals.course import SLUGS; import os; print(' '.join(s for s in SLUGS if os.path.isdir('$root/solutions/' + s)))")
+[ "$dry_run" = 1 ] && chapters="strides"
 course="$work/course"
 mkdir -p "$course/autograder"
 cp -r "$root/solutions" "$course/solutions"

@@ -1,4 +1,4 @@
-"""Benchmarks for chapter 4 (the caching allocator model): replay speed and fidelity to the real allocator.
+"""Benchmarks for the allocator chapter (the caching allocator model): replay speed and fidelity to the real allocator.
 
 - Replay speed of the model (events per second) on a synthetic random workload, the synthetic
   training steps and every committed recording in ``src/ptinternals/allocator/traces/*.json``.

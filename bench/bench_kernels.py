@@ -1,4 +1,4 @@
-"""Chapter 7 benchmark: each Triton kernel against torch's own op, same device, same run.
+"""The kernels chapter benchmark: each Triton kernel against torch's own op, same device, same run.
 
 ``run(ctx)`` returns one ``Measurement`` per (kernel, shape, dtype) with bytes and FLOPs
 (``ptinternals.kernels.costs``), torch's time in ``torch_ms``, and in ``extra``: the roofline

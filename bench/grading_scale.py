@@ -1,6 +1,6 @@
 """Class-scale grading benchmark: N simulated submissions of one chapter, graded with 1 and with k workers.
 
-    python bench/grading_scale.py                   # 50 submissions of ch01_strides, 1 vs 2 workers
+    python bench/grading_scale.py                   # 50 submissions of strides, 1 vs 2 workers
     python bench/grading_scale.py -n 20 --workers 1 4
 
 The submissions are a realistic mix: correct ones, unmodified student notebooks, one plausible bug
@@ -32,9 +32,9 @@ def build_class(root: Path, n: int) -> None:
 
     make_course(root)
     bugs = [(ex.replace("ch01.", ""), src) for ex, bank in BUGGY.items() for src, _ in bank.values()]
-    cells = {"contiguous_strides": "ex1_1_code", "storage_index": "ex1_2_code", "is_contiguous": "ex1_3_code",
-             "view_strides": "ex1_4_code", "expand_strides": "ex1_5_code", "slice_view": "ex1_6_code",
-             "sliding_windows": "ex1_7_code", "im2col": "ex1_8_code"}
+    cells = {"contiguous_strides": "contiguous_strides_code", "storage_index": "storage_index_code", "is_contiguous": "is_contiguous_code",
+             "view_strides": "view_strides_code", "expand_strides": "expand_strides_code", "slice_view": "slice_view_code",
+             "sliding_windows": "sliding_windows_code", "im2col": "im2col_code"}
     for i in range(n):
         kind = i % 10
         if kind in (0, 1, 2, 3):
@@ -42,7 +42,7 @@ def build_class(root: Path, n: int) -> None:
         elif kind in (4, 5):
             nb = submission(student_version=True)
         elif kind == 9 and i % 20 == 9:
-            nb = submission({"ex1_1_code": "def contiguous_strides(shape):\n    while True:\n        pass\n"})
+            nb = submission({"contiguous_strides_code": "def contiguous_strides(shape):\n    while True:\n        pass\n"})
         else:
             name, src = bugs[i % len(bugs)]
             nb = submission({cells[name]: src})
@@ -54,7 +54,7 @@ def grade(root: Path, workers: int) -> tuple[float, dict]:
 
     os.environ["PTGRADE_ROOT"] = str(root)
     t0 = time.perf_counter()
-    rc = ptgrade(["autograde", "ch01_strides", "-j", str(workers), "--quiet", "--force"])
+    rc = ptgrade(["autograde", "strides", "-j", str(workers), "--quiet", "--force"])
     wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"grading with {workers} workers failed (exit {rc})")
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         rerun_wall, rerun = grade(base / f"w{args.workers[-1]}", args.workers[-1])
         identical = all(s == scores[0] for s in scores) and rerun == scores[0]
         lines = [f"# Grading at class scale, {dt.date.today()}", "",
-                 f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; chapter ch01_strides; {args.n} submissions "
+                 f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; chapter strides; {args.n} submissions "
                  f"(correct, unmodified, one bug each, an infinite loop); sandbox isolation as `ptgrade doctor` reports.",
                  "", "| workers | wall s | s per submission | speed-up |", "|---|---|---|---|"]
         for workers, wall in runs:

@@ -1,6 +1,6 @@
 """Tests of the tests, for every chapter: each checker accepts the solution, calls the student's stubs
 "not implemented yet", and rejects every known-buggy implementation in the chapter's bank
-(``tests/<package>/buggy.py``) with a message that shows the failing call and, where the checker
+(``tests/<slug>/buggy.py``) with a message that shows the failing call and, where the checker
 knows it, the likely cause. Chapter-specific checks stay in ``tests/<package>/test_exercises.py``.
 
 A bank may also define ``SLOW_HIDDEN`` (exercises whose hidden run is a long training run: only their
@@ -12,15 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ptinternals.grading import CheckFailure, check, load_chapter
-from ptinternals.grading.exercise import CHAPTER_MODULES
+from ptinternals.grading import CheckFailure, check
+from ptinternals.grading.exercise import graded_chapters
 from ptinternals.grading.testing import namespace_with, rejects
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = {key: load_chapter(key) for key in CHAPTER_MODULES
-            if (ROOT / "solutions" / f"{load_chapter(key).assignment}.py").exists()}
-PACKAGE = {key: module.split(".")[1] for key, module in CHAPTER_MODULES.items()}
-BANKS = {key: importlib.import_module(f"tests.{PACKAGE[key]}.buggy") for key in CHAPTERS}
+CHAPTERS = {ch.slug: ch for ch in graded_chapters() if (ROOT / "solutions" / f"{ch.slug}.py").exists()}
+BANKS = {slug: importlib.import_module(f"tests.{slug}.buggy") for slug in CHAPTERS}
 EXERCISES = [(key, ex) for key, ch in CHAPTERS.items() for ex in ch.exercises]
 BUGS = [(ex_id, name, src, expect) for key, bank in BANKS.items() for ex_id, bugs in bank.BUGGY.items()
         for name, (src, expect) in bugs.items()]

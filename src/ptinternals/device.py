@@ -48,6 +48,13 @@ def pick_device(prefer: str | None = None) -> str:
     return "cuda" if has_cuda else "cpu"
 
 
+def use_triton_interpreter_without_gpu() -> None:
+    """Without a GPU, Triton must run in its interpreter, and the switch must be on before anything
+    imports ``triton.language`` (torch 2.13's optimizers do): grading processes call this first thing."""
+    if "TRITON_INTERPRET" not in os.environ and not cuda_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
 def triton_mode(device: str) -> str:
     """How Triton kernels run on ``device``: compiled on CUDA, the interpreter on CPU."""
     try:
@@ -56,7 +63,7 @@ def triton_mode(device: str) -> str:
         return "unavailable"
     if device == "cuda":
         return "compiled"
-    return "interpreter"  # TRITON_INTERPRET=1, set by the tests, the grading sandbox and the chapter 7 notebook
+    return "interpreter"  # TRITON_INTERPRET=1, set by the tests, the grading processes and the kernels notebook
 
 
 def describe(device: str | None = None) -> DeviceInfo:

@@ -1,23 +1,23 @@
-"""Known-buggy implementations of chapter 4's exercises: each one must be rejected by its checker.
+"""Known-buggy implementations of the allocator chapter's exercises: each one must be rejected by its checker.
 
 Each bug is a mistake students really make (the issue names four: no coalescing, wrong rounding,
 splitting large blocks with a small remainder, ignoring streams; each appears both in its own
-exercise and inside the allocator of 4.9). ``expect`` words must appear in the failure message
+exercise and inside the allocator of memory_timeline). ``expect`` words must appear in the failure message
 (the likely cause), where the checker has one.
 
-Every source is a complete replacement for its exercise's answer cell. The 4.9 bugs are the
+Every source is a complete replacement for its exercise's answer cell. The memory_timeline bugs are the
 solution's own answer cell with one change, either a shadowed helper defined above it (the cell is
 run after the earlier answers, so the shadow wins) or a one-line edit.
 """
 
 from ptinternals.grading.testing import answer_sources
 
-ASSIGNMENT = "ch04_allocator"
+ASSIGNMENT = "allocator"
 
 
 def _timeline(*edits: tuple[str, str], prefix: str = "") -> str:
-    """The solution's 4.9 answer cell with ``edits`` (old, new) applied, after ``prefix``."""
-    src = answer_sources(ASSIGNMENT)["ex4_9_code"]
+    """The solution's memory_timeline answer cell with ``edits`` (old, new) applied, after ``prefix``."""
+    src = answer_sources(ASSIGNMENT)["memory_timeline_code"]
     for old, new in edits:
         assert old in src, f"the 4.9 solution no longer contains {old!r}: update tests/allocator/buggy.py"
         src = src.replace(old, new)
@@ -25,7 +25,7 @@ def _timeline(*edits: tuple[str, str], prefix: str = "") -> str:
 
 
 BUGGY = {
-    "ch04.round_size": {
+    "allocator.round_size": {
         "rounds_down": ("""
 def round_size(nbytes, divisions=0):
     if nbytes < 0:
@@ -70,7 +70,7 @@ def round_size(nbytes, divisions=0):
     return max(512, -(-nbytes // 512) * 512)
 """, "ValueError"),
     },
-    "ch04.size_plan": {
+    "allocator.size_plan": {
         "small_strictly_below_1mib": ("""
 def size_plan(nbytes):
     r = round_size(nbytes)
@@ -115,7 +115,7 @@ def size_plan(nbytes):
     return r, "large", max(kLargeBuffer, -(-r // kRoundLarge) * kRoundLarge)
 """, "own segment"),
     },
-    "ch04.find_best_fit": {
+    "allocator.find_best_fit": {
         "ignores_stream": ("""
 def find_best_fit(free_blocks, size, stream, max_split_size=SIZE_MAX):
     fits = sorted((b[1], b[2], b) for b in free_blocks if b[1] >= size)
@@ -169,7 +169,7 @@ def find_best_fit(free_blocks, size, stream, max_split_size=SIZE_MAX):
     return fits[0][2] if fits else None
 """, "oversize"),
     },
-    "ch04.should_split": {
+    "allocator.should_split": {
         "large_split_small_remainder": ("""
 def should_split(block_size, size, pool, max_split_size=SIZE_MAX):
     remaining = block_size - size
@@ -199,7 +199,7 @@ def should_split(block_size, size, pool, max_split_size=SIZE_MAX):
     return size < max_split_size and remaining > kSmallSize
 """, "at least 512 B"),
     },
-    "ch04.merge_free_neighbours": {
+    "allocator.merge_free_neighbours": {
         "no_coalescing": ("""
 def merge_free_neighbours(blocks, index):
     address, size, state = blocks[index]
@@ -264,7 +264,7 @@ def merge_free_neighbours(blocks, index):
     return list(blocks[:first]) + [(address, size, INACTIVE)] + list(blocks[last + 1:])
 """, "double free"),
     },
-    "ch04.release_cached_segments": {
+    "allocator.release_cached_segments": {
         "releases_free_tails": ("""
 def release_cached_segments(segments):
     kept, released = [], 0
@@ -316,7 +316,7 @@ def release_cached_segments(segments):
     return kept, released
 """, "before it looks for whole free segments"),
     },
-    "ch04.stat": {
+    "allocator.stat": {
         "reset_peak_to_zero": ("""
 class Stat:
     def __init__(self):
@@ -407,7 +407,7 @@ class Stat:
         self.current = self.peak = self.allocated = self.freed = 0
 """, "allocated and freed only"),
     },
-    "ch04.fix_fragmentation": {
+    "allocator.fix_fragmentation": {
         "unchanged": ("""
 def fix_fragmentation(trace):
     return list(trace), ""
@@ -449,7 +449,7 @@ def fix_fragmentation(trace):
     return list(trace), "max_split_size_mb:512"
 """, "smallest scratch size"),
     },
-    "ch04.memory_timeline": {
+    "allocator.memory_timeline": {
         "no_coalescing": (_timeline(prefix='''
 def merge_free_neighbours(blocks, index):  # frees without merging with free neighbours
     out = list(blocks)
@@ -483,8 +483,8 @@ def should_split(block_size, size, pool, max_split_size=SIZE_MAX):
 
 # Exercises whose solution builds on another exercise's answer: a bug there also sinks these.
 DEPENDS_ON = {
-    "ch04.size_plan": ("ch04.round_size",),
-    "ch04.release_cached_segments": ("ch04.merge_free_neighbours",),
-    "ch04.memory_timeline": ("ch04.round_size", "ch04.size_plan", "ch04.find_best_fit", "ch04.should_split",
-                             "ch04.merge_free_neighbours", "ch04.release_cached_segments", "ch04.stat"),
+    "allocator.size_plan": ("allocator.round_size",),
+    "allocator.release_cached_segments": ("allocator.merge_free_neighbours",),
+    "allocator.memory_timeline": ("allocator.round_size", "allocator.size_plan", "allocator.find_best_fit", "allocator.should_split",
+                             "allocator.merge_free_neighbours", "allocator.release_cached_segments", "allocator.stat"),
 }

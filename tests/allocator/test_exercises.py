@@ -1,4 +1,4 @@
-"""Tests of the tests: chapter 4's checkers accept the solution and reject every known bug; their
+"""Tests of the tests: the allocator chapter's checkers accept the solution and reject every known bug; their
 expected values agree with the model (CPU) and with the real allocator (GPU, ``@pytest.mark.gpu``)."""
 
 import json
@@ -8,16 +8,16 @@ import sys
 import pytest
 
 from ptinternals.allocator import MiB, should_split
-from ptinternals.allocator.exercises import _fragmenting_variants, _snapshot_segments
 from ptinternals.allocator.scaffold import FRAGMENTATION_CAPACITY
 from ptinternals.allocator.trace import replay
 from ptinternals.allocator.workloads import random_trace
+from ptinternals.checks.allocator import _fragmenting_variants, _snapshot_segments
 from ptinternals.grading import CheckFailure, check, load_chapter
 from ptinternals.grading.testing import namespace_with
 
 from .buggy import BUGGY
 
-CHAPTER = load_chapter("ch04")
+CHAPTER = load_chapter("allocator")
 BUGS = [(ex_id, name, src, expect) for ex_id, bugs in BUGGY.items() for name, (src, expect) in bugs.items()]
 
 
@@ -25,14 +25,14 @@ def test_the_issues_bugs_are_in_the_bank():
     """No coalescing, wrong rounding, splitting large blocks with a small remainder, ignoring streams."""
     names = {(ex, name) for ex, name, _, _ in BUGS}
     for pair in [
-        ("ch04.merge_free_neighbours", "no_coalescing"),
-        ("ch04.round_size", "rounds_down"),
-        ("ch04.should_split", "large_split_small_remainder"),
-        ("ch04.find_best_fit", "ignores_stream"),
-        ("ch04.memory_timeline", "no_coalescing"),
-        ("ch04.memory_timeline", "wrong_rounding"),
-        ("ch04.memory_timeline", "splits_large_blocks_with_a_small_remainder"),
-        ("ch04.memory_timeline", "ignores_streams"),
+        ("allocator.merge_free_neighbours", "no_coalescing"),
+        ("allocator.round_size", "rounds_down"),
+        ("allocator.should_split", "large_split_small_remainder"),
+        ("allocator.find_best_fit", "ignores_stream"),
+        ("allocator.memory_timeline", "no_coalescing"),
+        ("allocator.memory_timeline", "wrong_rounding"),
+        ("allocator.memory_timeline", "splits_large_blocks_with_a_small_remainder"),
+        ("allocator.memory_timeline", "ignores_streams"),
     ]:
         assert pair in names
 
@@ -41,7 +41,7 @@ def test_using_torch_is_caught():
     ns = {"__name__": "__main__"}
     exec("import torch\ndef round_size(nbytes, divisions=0):\n    return int(torch.tensor(nbytes))\n", ns)
     with pytest.raises(CheckFailure) as info:
-        check("ch04.round_size", ns["round_size"])
+        check("allocator.round_size", ns["round_size"])
     assert info.value.category == "forbidden"
 
 
@@ -54,7 +54,7 @@ def test_timeline_failure_names_the_first_differing_event():
         ns,
     )
     with pytest.raises(CheckFailure) as info:
-        check("ch04.memory_timeline", ns["memory_timeline"])
+        check("allocator.memory_timeline", ns["memory_timeline"])
     text = str(info.value)
     assert "first difference after event 2" in text and "reserved" in text and "<- differs" in text, text
 
@@ -83,7 +83,7 @@ def test_fragmentation_variants_all_run_out_of_memory_unfixed():
 
 
 def test_memory_timeline_visible_cases_exercise_every_event_kind():
-    kinds = {e[0] for case in CHAPTER.exercise("ch04.memory_timeline").visible_cases() for e in case.args[0]}
+    kinds = {e[0] for case in CHAPTER.exercise("allocator.memory_timeline").visible_cases() for e in case.args[0]}
     assert kinds == {"alloc", "free", "record_stream", "sync", "empty_cache", "step"}
 
 
@@ -124,7 +124,7 @@ def _on_a_fresh_gpu_process(cases):
 
 @pytest.mark.gpu
 def test_round_size_and_size_plan_match_the_real_allocator():
-    plan = CHAPTER.exercise("ch04.size_plan")
+    plan = CHAPTER.exercise("allocator.size_plan")
     cases = [c for c in plan.all_cases(hidden=True) if c.args[0] > 0][:60]
     real = _on_a_fresh_gpu_process([["size", c.args[0]] for c in cases])
     for case, (allocated, reserved, small) in zip(cases, real, strict=False):
@@ -140,7 +140,7 @@ def test_memory_timeline_cases_match_the_real_allocator():
 
     Cases with record_stream are left out: without kernels, a real event completes at once, while the
     trace says when the other stream finishes ("sync")."""
-    ex = CHAPTER.exercise("ch04.memory_timeline")
+    ex = CHAPTER.exercise("allocator.memory_timeline")
     cases = [c for c in ex.all_cases(hidden=True) if not any(e[0] == "record_stream" for e in c.args[0])]
     assert len(cases) >= 10
     real = _on_a_fresh_gpu_process([["trace", [list(e) for e in c.args[0]]] for c in cases])
@@ -173,13 +173,13 @@ def test_calling_the_reference_in_an_answer_scores_zero(tmp_path):
 
     nb = copy.deepcopy(solution_notebook(CHAPTER.assignment))
     for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == "ex4_9_code":
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "memory_timeline_code":
             cell.source = (
                 "from ptinternals.allocator.trace import replay\n\n"
                 "def memory_timeline(trace):\n"
                 "    r = replay(trace, 1 << 50)\n"
                 "    return list(zip(r.allocated_bytes, r.active_bytes, r.reserved_bytes))\n"
             )
-    report = _grade(nb, tmp_path, only={"ch04.memory_timeline"})
+    report = _grade(nb, tmp_path, only={"allocator.memory_timeline"})
     (result,) = report.exercises
     assert not result.passed and "not available while grading" in result.message, result.message

@@ -1,11 +1,11 @@
-"""viz.memory: the timeline and the segment map draw the model's and the real formats."""
+"""viz.allocator: the timeline and the segment map draw the model's and the real formats."""
 
 import pytest
 from matplotlib.figure import Figure
 
 from ptinternals.allocator import CachingAllocator, GiB, MiB, replay
 from ptinternals.allocator.workloads import FRAGMENTATION_CAPACITY, fragmenting_trace
-from ptinternals.viz.memory import plot_memory_timeline, plot_segment_map
+from ptinternals.viz.allocator import plot_memory_timeline, plot_segment_map
 
 
 def test_timeline_from_replay_and_from_dict():

@@ -1,4 +1,4 @@
-"""Known-buggy implementations of chapter 5's exercises: each one must be rejected by its checker.
+"""Known-buggy implementations of the amp chapter's exercises: each one must be rejected by its checker.
 
 Each bug is a mistake students really make (the issue names four: round-half-up instead of
 half-to-even, a scaler that steps on inf, unscaling twice, clipping before unscale); the test also
@@ -6,11 +6,11 @@ checks that the failure message names the likely cause where the checker has one
 
 Every source is a complete replacement for the answer cell that defines the exercise's entry point;
 like the answer cells, the trainers use ``torch``, ``F`` and ``mlp_forward`` from the setup cell.
-``ch05.amp_speed`` grades ``amp_train`` itself, so its bugs replace the cell of Exercise 5.8
+``amp.amp_speed`` grades ``amp_train`` itself, so its bugs replace the cell of Exercise amp.amp_train
 (``ANSWER_CELL`` below says so for the end-to-end tests).
 """
 
-ANSWER_CELL = {"ch05.amp_speed": "ex5_8_code"}
+ANSWER_CELL = {"amp.amp_speed": "amp_train_code"}
 
 _FORMATS = ('import math\n'
             'FORMATS = {"fp32": (8, 23), "bf16": (8, 7), "fp16": (5, 10), "fp8_e5m2": (5, 2), "fp8_e4m3fn": (4, 3)}\n')
@@ -301,20 +301,20 @@ _STEP_EACH_MICRO = """if scaler is not None:
                 p.grad = None"""
 
 BUGGY = {
-    "ch05.decode": {
+    "amp.decode": {
         "subnormal_with_implicit_one": (_decode(subnormal="math.ldexp((1 << m_bits) | mantissa, 1 - bias - m_bits)"),
                                         "no implicit"),
         "e4m3fn_has_infinities": (_decode(nan="False", inf="exponent == all_ones"), "no infinities"),
         "subnormal_exponent_minus_bias": (_decode(subnormal="math.ldexp(mantissa, -bias - m_bits)"), "1 - bias"),
         "bias_off_by_one": (_decode(bias="(bias + 1)", subnormal="math.ldexp(mantissa, -bias - m_bits)"), None),
     },
-    "ch05.decompose": {
+    "amp.decompose": {
         "round_half_up": (_decompose(round_up="rem >= half"), "EVEN neighbour"),
         "truncate": (_decompose(round_up="False"), "truncated"),
         "flush_subnormals": (_decompose(flush="True"), "subnormals"),
         "saturate_instead_of_inf": (_decompose(overflow="sign, max_exp, (1 << m_bits) - 1"), "becomes inf"),
     },
-    "ch05.fp32_to_bf16_bits": {
+    "amp.fp32_to_bf16_bits": {
         "round_half_up": (_RSE + """
 def fp32_to_bf16_bits(x):
     u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
@@ -339,7 +339,7 @@ def fp32_to_bf16_bits(x):
     return x.to(torch.bfloat16).view(torch.int16)
 """, "integer operations"),
     },
-    "ch05.fp32_to_fp16_bits": {
+    "amp.fp32_to_fp16_bits": {
         "round_half_up": (_HALF_UP + _fp16(round_fn="_half_up"), "EVEN neighbour"),
         "flush_subnormals": (_fp16(submin="1000"), "subnormals"),
         "saturate_instead_of_inf": (_fp16(maxbits="0x7BFF"), "becomes inf"),
@@ -353,21 +353,21 @@ def fp32_to_fp16_bits(x):
         return torch.from_numpy(x.contiguous().numpy().astype(np.float16).view(np.int16))
 """, "used Tensor.numpy"),
     },
-    "ch05.predict_dtypes": {
+    "amp.predict_dtypes": {
         "cpu_like_cuda": (_predict(fp32='op in ("layer_norm", "softmax", "log_softmax", "exp", "pow", "sum")'),
                           "CPU autocast does not list"),
         "cuda_like_cpu": (_predict(fp32="False"), "on CUDA"),
         "no_type_promotion": (_predict(add="False"), "type promotion"),
         "losses_in_low_precision": (_predict(loss="False"), "fp32 list"),
     },
-    "ch05.update_scale": {
+    "amp.update_scale": {
         "keeps_count_on_inf": (_update(on_inf="growth_tracker"), "resets growth_tracker"),
         "grows_to_inf": (_update(grow_ok="True"), "never grow the scale to inf"),
         "no_reset_after_growth": (_update(on_growth="growth_tracker"), "starts again from 0"),
         "grows_one_step_late": (_update(count="pass").replace("return scale, growth_tracker\n",
                                                                "return scale, growth_tracker + 1\n"), "off by one"),
     },
-    "ch05.grad_scaler": {
+    "amp.grad_scaler": {
         "steps_on_inf": (_scaler(step_rule="True"), "must skip optimizer.step()"),
         "unscales_twice": (_scaler(always_unscale="True", twice_check="False"), "divided by the scale twice"),
         "sticky_found_inf": (_scaler(found="found or self.found.get(key, False)", reset_found="pass"),
@@ -375,7 +375,7 @@ def fp32_to_fp16_bits(x):
         "multiplies_by_scale": (_scaler(inv_scale="self.s"), "1/scale"),
         "no_backoff": (_scaler(backoff="1.0"), "back off"),
     },
-    "ch05.amp_train": {
+    "amp.amp_train": {
         "clip_before_unscale": (_train(finish=_CLIP_FIRST), "clip AFTER scaler.unscale_"),
         "no_accum_division": (_train(micro="loss"), "divide each micro-batch loss by accum"),
         "step_every_micro_batch": (_train(per_micro=_STEP_EACH_MICRO, finish="pass"), None),
@@ -412,7 +412,7 @@ def amp_train(params, optimizer, data, steps, dtype, scaler=None, clip=None, acc
         "computes_in_fp32": (_train(cast="torch.float32"), "your matmuls ran in float32"),
         "growth_counted_as_skip": (_train(skip_test="!="), "growth also changes"),
     },
-    "ch05.amp_speed": {
+    "amp.amp_speed": {
         "computes_in_fp32": (_train(cast="torch.float32"), "nothing got smaller"),
         "upcast_between_layers": (_train(forward="""xd = x.to(dtype)
             h = torch.relu(F.linear(xd, compute["w1"], compute["b1"])).float()  # back up to fp32 "for accuracy"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from ptinternals.viz.floats import draw_bit_layout, draw_dynamic_range
+from ptinternals.viz.amp import draw_bit_layout, draw_dynamic_range
 
 
 @pytest.mark.parametrize("value", [0.1, -65520.0, 2.0**-24, 0.0, float("nan"), float("inf"), 448.0])

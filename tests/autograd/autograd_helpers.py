@@ -38,11 +38,6 @@ def make_tensor(shape, seed: int, dtype=torch.float64, non_contiguous: bool = Fa
     return torch.randn(shape, generator=g, dtype=dtype)
 
 
-def leaf_pair(data: torch.Tensor):
-    """The same values as a torch leaf and as a mini-engine leaf."""
-    return data.clone().requires_grad_(True), Variable(data.clone(), requires_grad=True)
-
-
 def as_tensor(g):
     """A gradient from either engine as a plain tensor (None stays None)."""
     if g is None:

@@ -1,4 +1,4 @@
-"""Known-buggy implementations of chapter 2's exercises: each one must be rejected by its checker.
+"""Known-buggy implementations of the autograd chapter's exercises: each one must be rejected by its checker.
 
 Each source replaces one answer cell of the solution notebook (it defines the entry point and what it
 needs). ``expect`` is a phrase the failure message must contain (the likely cause), or None.
@@ -233,7 +233,7 @@ def ckpt(**edits) -> str:
 
 
 BUGGY = {
-    "ch02.unbroadcast": {
+    "autograd.unbroadcast": {
         "no_leading_dims": ("""
 def unbroadcast(grad, shape):
     shape = tuple(shape)
@@ -283,7 +283,7 @@ def unbroadcast(grad, shape):
     return grad
 """, "every dim that broadcasting added or grew"),
     },
-    "ch02.formulas": {
+    "autograd.formulas": {
         "mul_forgets_unbroadcast": (formulas_with(mul="""
 def mul_backward(grad, a, b):
     return grad * b, grad * a
@@ -318,7 +318,7 @@ def exp_backward(grad, result):
     return grad * result
 """), "trailing comma"),
     },
-    "ch02.backward": {
+    "autograd.backward": {
         "overwrites_buffer": (engine_with(BUFFER="buffers[next_fn] = g_in"), "add them up"),
         "ignores_hook_result": (engine_with(HOOK="pass"), "use what it returns"),
         "never_releases": (engine_with(RELEASE="if False:"), "release_variables"),
@@ -352,7 +352,7 @@ def backward(root, grad, retain_graph=False):
         "root_grad_fn_only": (engine_with().replace("start, _ = gradient_edge(root)", "start = root.grad_fn"),
                               "the root may be a leaf"),
     },
-    "ch02.logsumexp": {
+    "autograd.logsumexp": {
         "no_max_subtraction": (lse("""
 out = torch.log(torch.exp(x).sum(dim=dim))
 ctx.dim = dim
@@ -405,7 +405,7 @@ x, out = ctx.saved_tensors
 return grad_out * torch.exp(x - out), None
 """), "reduced dim is removed"),
     },
-    "ch02.fake_quantize": {
+    "autograd.fake_quantize": {
         "plain_ste": (fq(backward="""
 return grad_out, None, None, None, None
 """), "clipped"),
@@ -436,7 +436,7 @@ ctx.save_for_backward(mask)
 return (q.clamp(quant_min, quant_max) - zero_point) * scale
 """), "forward:"),
     },
-    "ch02.swiglu": {
+    "autograd.swiglu": {
         "saves_sigmoid": (swiglu("""
 s = torch.sigmoid(a)
 ctx.save_for_backward(a, b, s)
@@ -471,7 +471,7 @@ s = torch.sigmoid(a)
 return grad_out * b * s * (1 + a * (1 - s))
 """), None),
     },
-    "ch02.checkpoint": {
+    "autograd.checkpoint": {
         "no_checkpoint": ("""
 def checkpoint(fn, x):
     return fn(x)
@@ -503,7 +503,7 @@ def checkpoint(fn, x):
     return CheckpointFunction.apply(fn, x)
 """, "torch.no_grad()"),
     },
-    "ch02.accumulate": {
+    "autograd.accumulate": {
         "one_over_k": ("""
 import torch
 
@@ -567,7 +567,7 @@ def accumulate_grads(model, loss_fn, batch_x, batch_y, micro_batches):
     },
 }
 
-BUGGY["ch02.logsumexp"]["calls_torch_logsumexp"] = (lse("""
+BUGGY["autograd.logsumexp"]["calls_torch_logsumexp"] = (lse("""
 out = torch.logsumexp(x, dim)
 ctx.dim = dim
 ctx.save_for_backward(x, out)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ptinternals.autograd.checkpoint import checkpoint, checkpoint_with_hooks
-from ptinternals.autograd.probes import saved_tensor_bytes
+from ptinternals.autograd.saved_tensors import saved_tensor_bytes
 
 WIDTH, DEPTH, BATCH = 48, 4, 17  # non-power-of-two batch
 

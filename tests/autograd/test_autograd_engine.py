@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from ptinternals.autograd import Variable, compute_dependencies, engine
 from ptinternals.autograd import grad as mini_grad
-from ptinternals.viz.graph import walk_graph
+from ptinternals.viz.autograd import walk_graph
 
 from .autograd_helpers import assert_grads_close, broadcast_shapes, make_tensor
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
 
 from ptinternals.autograd import functions as fns
-from ptinternals.autograd.probes import saved_tensor_bytes, saved_tensors_log
+from ptinternals.autograd.saved_tensors import saved_tensor_bytes, saved_tensors_log
 
 from .autograd_helpers import make_tensor
 

@@ -1,4 +1,4 @@
-"""viz.graph: the walk gives torch's node names and edges; drawings are Figures, for both engines."""
+"""viz.autograd: the walk gives torch's node names and edges; drawings are Figures, for both engines."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ptinternals.autograd import Variable
-from ptinternals.viz.graph import draw_graph, draw_graphs, layout, walk_graph
+from ptinternals.viz.autograd import draw_graph, draw_graphs, layout, walk_graph
 
 
 def build(make):

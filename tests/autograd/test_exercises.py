@@ -1,4 +1,4 @@
-"""Tests of the tests: chapter 2's checkers accept the solution and reject every known bug; the
+"""Tests of the tests: the autograd chapter's checkers accept the solution and reject every known bug; the
 scaffold that graded code builds on works without the reference implementation."""
 import subprocess
 import sys
@@ -10,16 +10,16 @@ import torch
 from ptinternals.grading import CheckFailure, check, load_chapter
 from ptinternals.grading.testing import namespace_with
 
-CHAPTER = load_chapter("ch02")
+CHAPTER = load_chapter("autograd")
 def test_hidden_cases_are_many_and_awkward():
     for ex in CHAPTER.exercises:
         assert len(ex.hidden_cases()) >= 20, ex.id
     # the formulas and unbroadcast see size-0, size-1 and non-contiguous tensors
-    tensors = [t for c in CHAPTER.exercise("ch02.formulas").hidden_cases() for t in c.args if isinstance(t, torch.Tensor)]
+    tensors = [t for c in CHAPTER.exercise("autograd.formulas").hidden_cases() for t in c.args if isinstance(t, torch.Tensor)]
     assert any(t.numel() == 0 for t in tensors) and any(1 in t.shape for t in tensors)
     assert any(not t.is_contiguous() for t in tensors)
     # the engine's programs reuse values, hook, retain, and run backward twice
-    steps = [s for c in CHAPTER.exercise("ch02.backward").hidden_cases() for s in c.args[2]]
+    steps = [s for c in CHAPTER.exercise("autograd.backward").hidden_cases() for s in c.args[2]]
     assert {"hook", "retain", "mulsg", "sum"} <= {s[0] for s in steps}
 
 
@@ -32,7 +32,7 @@ def test_formulas_may_not_call_torch_autograd():
         MY_FORMULAS["exp"] = exp_backward
     """), ns)
     with pytest.raises(CheckFailure, match="not available in this exercise"):
-        check("ch02.formulas", ns["backward_formula"])
+        check("autograd.formulas", ns["backward_formula"])
 
 
 def test_checkpoint_may_not_call_torch_checkpoint():
@@ -40,7 +40,7 @@ def test_checkpoint_may_not_call_torch_checkpoint():
     exec("import torch.utils.checkpoint\n"
          "def checkpoint(fn, x):\n    return torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=False)\n", ns)
     with pytest.raises(CheckFailure, match="not available in this exercise"):
-        check("ch02.checkpoint", ns["checkpoint"])
+        check("autograd.checkpoint", ns["checkpoint"])
 
 
 def test_scaffold_runs_without_the_reference(tmp_path):
@@ -88,7 +88,7 @@ def test_scaffold_and_probes_contain_no_solution():
 
     root = Path(ptinternals.__file__).parent
     texts = {f: (root / f).read_text() for f in CHAPTER.sandbox_files}
-    texts["grading/probes/autograd.py"] = (root / "grading/probes/autograd.py").read_text()
+    texts["checks/probes/autograd.py"] = (root / "checks/probes/autograd.py").read_text()
     for name, text in texts.items():
         for marker in ("from .formulas", "from .engine", "import formulas", "import engine", "unbroadcast(",
                        "compute_dependencies", "fork_rng", "exp(x - out", "1 + a * (1 - s)", "tensor_split"):

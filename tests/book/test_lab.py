@@ -19,7 +19,7 @@ TOKEN = "ptinternals-test"
 @pytest.fixture
 def lab(tmp_path):
     folder = tmp_path / "notebooks"
-    shutil.copytree(ROOT / "notebooks" / "ch01_strides", folder / "ch01_strides")
+    shutil.copytree(ROOT / "notebooks" / "strides", folder / "strides")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -51,7 +51,7 @@ def lab(tmp_path):
 def test_student_runs_the_chapter_and_answers_a_quiz(lab, browser):
     url, folder = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(f"{url}/lab/tree/ch01_strides/ch01_strides.ipynb?token={TOKEN}")
+    page.goto(f"{url}/lab/tree/strides/strides.ipynb?token={TOKEN}")
     page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=90_000)
     page.wait_for_function(  # the kernel is up
         "document.querySelector('.jp-Notebook') && window.jupyterapp.shell.currentWidget"
@@ -85,6 +85,6 @@ def test_student_runs_the_chapter_and_answers_a_quiz(lab, browser):
     question.get_by_role("button", name="Check").click()
     page.wait_for_function("[...document.querySelectorAll('.widget-html-content')]"
                            ".some(e => e.innerText.includes('Correct'))", timeout=30_000)
-    answers = json.loads((folder / "ch01_strides" / "ch01_strides.answers.json").read_text())
+    answers = json.loads((folder / "strides" / "strides.answers.json").read_text())
     assert answers["answers"]["q2"][0]["answer"] == "1"
     page.close()

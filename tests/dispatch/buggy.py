@@ -1,4 +1,4 @@
-"""Known-buggy implementations of chapter 3's exercises: each one must be rejected by its checker.
+"""Known-buggy implementations of the dispatch chapter's exercises: each one must be rejected by its checker.
 
 Each bug is a mistake students really make; the test also checks that the failure message names a
 likely cause where the checker has one (``expect`` words). Each source replaces the whole answer cell.
@@ -318,7 +318,7 @@ def _mem(**hooks):
 
 
 BUGGY = {
-    "ch03.tensor_keys": {
+    "dispatch.tensor_keys": {
         "autograd_only_if_requires_grad": (_keys(
             autograd='if requires_grad:\n        keys |= {"ADInplaceOrView", "Autograd" + backend}'),
             "even with requires_grad=False"),
@@ -330,7 +330,7 @@ BUGGY = {
         "sparse_as_two_keys": (_keys().replace('keys = {"Sparse" + backend if sparse else backend}',
                                                'keys = {backend, "Sparse"} if sparse else {backend}'), "one name"),
     },
-    "ch03.dispatch_path": {
+    "dispatch.dispatch_path": {
         "no_grad_skips_autograd": (_path(NO_GRAD="if not grad_mode:\n        excluded = excluded | autograd_keys"),
                                    "changes no key set"),
         "fallthroughs_not_removed": (_path(FALLTHROUGH="set()"), "fallthrough"),
@@ -342,7 +342,7 @@ BUGGY = {
         "fake_mode_runs_the_device_kernel": (_path(
             FAKE='return call(tensors, included, excluded | {"Python", "PythonTLSSnapshot"}, rest)'), "meta kernel"),
     },
-    "ch03.flop_counter": {
+    "dispatch.flop_counter": {
         "no_factor_2": (_flops(FACTOR="1"), "2 FLOPs"),
         "cpu_attention_counts_zero": (_flops(ATTENTION="None", ATTENTION_BACKWARD="None"),
                                       "attention counts 0"),
@@ -367,7 +367,7 @@ class FlopCounter(FlopCounterMode):
         return self.get_total_flops()
 """, None),
     },
-    "ch03.graph_tracer": {
+    "dispatch.graph_tracer": {
         "stores_traced_tensors": (_tracer(REFS_OFF="return x"), "TRACED run's numbers"),
         "one_ref_for_all_outputs": (_tracer(INDEX="None"), "Ref('native_layer_norm"),
         "drops_kwargs": (_tracer(KWARGS="{}"), "approximate"),
@@ -377,7 +377,7 @@ class FlopCounter(FlopCounterMode):
                                                         'self.nodes.append((name, "placeholder", (), {}))'),
                                       "'constant' node"),
     },
-    "ch03.int8_tensor": {
+    "dispatch.int8_tensor": {
         "detach_dequantizes": (_int8(DETACH="False"), "detach()"),
         "truncates_instead_of_rounding": (_int8(CODES="(w / scale[:, None]).clamp(-127, 127).to(torch.int8)"),
                                           "do not truncate"),
@@ -387,7 +387,7 @@ class FlopCounter(FlopCounterMode):
         "scale_over_128": (_int8(SCALE="w.abs().amax(dim=1) / 128"), "max(|w|) over each row / 127"),
         "int8_as_logical_dtype": (_int8(LOGICAL_DTYPE="torch.int8"), "LOGICAL dtype"),
     },
-    "ch03.custom_op": {
+    "dispatch.custom_op": {
         "fake_wrong_shape": (_op(FAKE_RESULT="x.new_empty(x.shape[:-1])"), "SHAPE"),
         "fake_wrong_dtype": (_op(FAKE_RESULT="torch.empty_like(x, dtype=torch.float32)"), "DTYPE"),
         "no_autograd_registration": (_op(REGISTER_AUTOGRAD="pass"), "register_autograd"),
@@ -399,7 +399,7 @@ class FlopCounter(FlopCounterMode):
         "tanh_approximation": (_op(FORWARD="0.5 * z * (1 + torch.tanh(0.7978845608 * (z + 0.044715 * z ** 3)))"),
                                None),
     },
-    "ch03.memory_estimate": {
+    "dispatch.memory_estimate": {
         "no_512_byte_rounding": (_mem(ROUNDED="n"), "512 bytes"),
         "adam_keeps_one_copy": (_mem(ADAM="1"), "TWO tensors"),
         "gradients_for_frozen_parameters": (_mem(TRAINABLE="params"), "requires_grad=True"),
@@ -410,5 +410,5 @@ class FlopCounter(FlopCounterMode):
 
 # Exercises whose solution builds on another exercise's answer: a bug there also sinks these.
 DEPENDS_ON = {
-    "ch03.dispatch_path": ("ch03.tensor_keys",),  # dispatch_path starts from tensor_keys' key sets
+    "dispatch.dispatch_path": ("dispatch.tensor_keys",),  # dispatch_path starts from tensor_keys' key sets
 }

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ptinternals.dispatch.dispatcher import DispatchError, TensorDesc, explain_dispatch, predict_dispatch
-from ptinternals.dispatch.probes import NAMESPACE, probe_op, record_dispatch_path, record_dispatch_steps
+from ptinternals.dispatch.recorded_path import NAMESPACE, probe_op, record_dispatch_path, record_dispatch_steps
 
 # PythonTLSSnapshot and the Functionalize fallback are C++ fallbacks the probes cannot log.
 UNLOGGED = ("PythonTLSSnapshot", "Functionalize")

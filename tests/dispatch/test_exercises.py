@@ -1,6 +1,6 @@
-"""Tests of the tests: chapter 3's checkers accept the solution and reject every known bug.
+"""Tests of the tests: the dispatch chapter's checkers accept the solution and reject every known bug.
 
-Chapter 3's answer cells use names from the locked setup cell (torch, ``KEY_PRIORITY``, ``Ref``...),
+The dispatch chapter's answer cells use names from the locked setup cell (torch, ``KEY_PRIORITY``, ``Ref``...),
 so the namespace here runs the setup cell first (``grading.testing.namespace_with`` skips it).
 """
 import pytest
@@ -10,7 +10,7 @@ from ptinternals.grading.testing import answer_sources
 
 from .buggy import BUGGY
 
-CHAPTER = load_chapter("ch03")
+CHAPTER = load_chapter("dispatch")
 def namespace(replace: dict | None = None) -> dict:
     """The solution notebook's setup and answer cells, executed in order (some answers replaced)."""
     ns: dict = {"__name__": "__main__"}
@@ -28,7 +28,7 @@ def test_using_torch_where_forbidden_is_caught(solution):
     ns = dict(solution)
     exec("import torch\ndef tensor_keys(device='cpu', **kw):\n    return str(torch.ones(1))\n", ns)
     with pytest.raises(CheckFailure) as info:
-        check("ch03.tensor_keys", ns["tensor_keys"])
+        check("dispatch.tensor_keys", ns["tensor_keys"])
     assert info.value.category == "forbidden"
 
 
@@ -36,12 +36,12 @@ def test_hidden_cases_are_deterministic_and_awkward():
     for ex in CHAPTER.exercises:
         first = [c.call_text(ex.entry) for c in ex.hidden_cases()]
         assert first == [c.call_text(ex.entry) for c in ex.hidden_cases()], ex.id
-    flops = [c.args[0] for c in CHAPTER.exercise("ch03.flop_counter").hidden_cases()]
+    flops = [c.args[0] for c in CHAPTER.exercise("dispatch.flop_counter").hidden_cases()]
     sizes = {s for spec in flops for s in spec[1:] if isinstance(s, int)}
     assert 1 in sizes and any(s % 2 for s in sizes if s > 2)  # size-1 and odd (non-power-of-two) sizes
-    op_shapes = [c.args[0] for c in CHAPTER.exercise("ch03.custom_op").hidden_cases()]
+    op_shapes = [c.args[0] for c in CHAPTER.exercise("dispatch.custom_op").hidden_cases()]
     assert any(0 in s for s in op_shapes) and any(1 in s for s in op_shapes)
-    paths = CHAPTER.exercise("ch03.dispatch_path").hidden_cases()
+    paths = CHAPTER.exercise("dispatch.dispatch_path").hidden_cases()
     kinds = {c.label.split(":")[0] for c in paths}
     assert kinds == {"probe", "probe_", "probe_factory"}
     assert any(c.kwargs.get("modes", [None])[0] == "fake" for c in paths)
@@ -56,8 +56,8 @@ def test_trusted_grading_of_a_submission(tmp_path):
     from ptinternals.grading.testing import solution_notebook
     from ptinternals.grading.trusted import grade_notebook
 
-    bugs = {"ex3_3_code": BUGGY["ch03.flop_counter"]["forgets_backward"],
-            "ex3_6_code": BUGGY["ch03.custom_op"]["fake_wrong_dtype"]}
+    bugs = {"flop_counter_code": BUGGY["dispatch.flop_counter"]["forgets_backward"],
+            "custom_op_code": BUGGY["dispatch.custom_op"]["fake_wrong_dtype"]}
     nb = copy.deepcopy(solution_notebook(CHAPTER.assignment))
     for cell in nb.cells:
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
@@ -77,12 +77,12 @@ def test_trusted_grading_of_a_submission(tmp_path):
 
 @pytest.mark.gpu
 def test_memory_estimate_matches_a_real_cuda_run(solution):
-    """On a GPU the truth of Exercise 3.7 is a real CUDA run; the parameters' bytes are what the caching
+    """On a GPU the truth of Exercise dispatch.memory_estimate is a real CUDA run; the parameters' bytes are what the caching
     allocator reports."""
     import torch
 
-    from ptinternals.dispatch.exercises import real_memory
-    from ptinternals.grading.probes.dispatch import estimate_memory_probe, memory_model
+    from ptinternals.checks.dispatch import real_memory
+    from ptinternals.checks.probes.dispatch import estimate_memory_probe, memory_model
 
     cases = [(("mlp", 16, 64, 4, "float32", False), (8, 16), "float32"),
              (("mlp", 100, 257, 3, "float32", True), (7, 100), "float32"),

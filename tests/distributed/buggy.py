@@ -1,4 +1,4 @@
-"""Known-buggy implementations of chapter 6's exercises: each one must be rejected by its checker.
+"""Known-buggy implementations of the distributed chapter's exercises: each one must be rejected by its checker.
 
 Each bug is a mistake students really make (the issue names four: averaging by the wrong world size,
 the wrong chunk order in the ring, hooks that fire before accumulation, a shard that drops the
@@ -8,7 +8,7 @@ it edits. Every source is a complete replacement for that exercise's answer cell
 """
 from ptinternals.grading.testing import answer_sources
 
-_SOLUTION = answer_sources("ch06_distributed")
+_SOLUTION = answer_sources("distributed")
 
 
 def mutate(grade_id: str, *edits: tuple[str, str]) -> str:
@@ -21,7 +21,7 @@ def mutate(grade_id: str, *edits: tuple[str, str]) -> str:
 
 
 BUGGY = {
-    "ch06.chunk_bounds": {
+    "distributed.chunk_bounds": {
         "drops_remainder": ("""
 def chunk_bounds(length, world_size):
     size = length // world_size
@@ -49,18 +49,18 @@ def chunk_bounds(length, world_size):
     return out
 """, "plain Python"),
     },
-    "ch06.ring_all_reduce": {
+    "distributed.ring_all_reduce": {
         "wrong_chunk_order": (mutate(
-            "ex6_2_code", ("exchange((rank - step) % n, inbox)", "exchange((rank + step) % n, inbox)")), "rank"),
+            "ring_all_reduce_code", ("exchange((rank - step) % n, inbox)", "exchange((rank + step) % n, inbox)")), "rank"),
         "drops_remainder": (mutate(
-            "ex6_2_code", ("bounds = chunk_bounds(flat.numel(), n)",
+            "ring_all_reduce_code", ("bounds = chunk_bounds(flat.numel(), n)",
                            "size = flat.numel() // n\n    bounds = [(c * size, (c + 1) * size) for c in range(n)]")),
             "length % N"),
         "missing_all_gather": (mutate(
-            "ex6_2_code", ("for step in range(n - 1):  # all-gather", "for step in range(0):  # all-gather")),
+            "ring_all_reduce_code", ("for step in range(n - 1):  # all-gather", "for step in range(0):  # all-gather")),
             "all-gather phase"),
         "all_gather_adds": (mutate(
-            "ex6_2_code", ("        exchange((rank + 1 - step) % n, flat[s:e])",
+            "ring_all_reduce_code", ("        exchange((rank + 1 - step) % n, flat[s:e])",
                            "        inbox = torch.empty(e - s, dtype=flat.dtype)\n"
                            "        exchange((rank + 1 - step) % n, inbox)\n        flat[s:e] += inbox")), None),
         "uses_all_reduce": ("""
@@ -84,33 +84,33 @@ def ring_all_reduce(tensor):
     tensor.copy_(total.view(tensor.shape))
 """, "2 (N-1) chunks"),
     },
-    "ch06.naive_ddp": {
+    "distributed.naive_ddp": {
         "wrong_world_size": (mutate(
-            "ex6_3_code", ("param.grad.div_(self.world_size)", "param.grad.div_(self.world_size - 1)")),
+            "naive_ddp_code", ("param.grad.div_(self.world_size)", "param.grad.div_(self.world_size - 1)")),
             "world size"),
         "sums_not_averages": (mutate(
-            "ex6_3_code", ("param.grad.div_(self.world_size)  # the sum over ranks of grad / N is the mean",
+            "naive_ddp_code", ("param.grad.div_(self.world_size)  # the sum over ranks of grad / N is the mean",
                            "pass")), "divide by the world size"),
         "hooks_before_accumulation": (mutate(
-            "ex6_3_code", ("p.register_post_accumulate_grad_hook(self._hook)",
+            "naive_ddp_code", ("p.register_post_accumulate_grad_hook(self._hook)",
                            "p.register_hook(lambda grad, p=p: self._hook(p))"),
             ("        param.grad.div_(self.world_size)", "        if param.grad is None:\n            return\n"
                                                          "        param.grad.div_(self.world_size)")),
             "register_hook"),
         "no_broadcast": (mutate(
-            "ex6_3_code", ("dist.broadcast(t, src=0)  # every replica starts from rank 0's values", "pass")),
+            "naive_ddp_code", ("dist.broadcast(t, src=0)  # every replica starts from rank 0's values", "pass")),
             None),
         "reduce_after_backward": (mutate(
-            "ex6_3_code", ("self._pending.append(dist.all_reduce(param.grad, async_op=True))",
+            "naive_ddp_code", ("self._pending.append(dist.all_reduce(param.grad, async_op=True))",
                            "self._pending.append(param)"),
             ("        for work in self._pending:\n            work.wait()",
              "        works = [dist.all_reduce(p.grad, async_op=True) for p in self._pending]\n"
              "        for work in works:\n            work.wait()")), "overlap"),
         "blocking_all_reduce": (mutate(
-            "ex6_3_code", ("self._pending.append(dist.all_reduce(param.grad, async_op=True))",
+            "naive_ddp_code", ("self._pending.append(dist.all_reduce(param.grad, async_op=True))",
                            "dist.all_reduce(param.grad)")), "async_op=True"),
     },
-    "ch06.assign_buckets": {
+    "distributed.assign_buckets": {
         "closes_before_overflow": ("""
 def assign_buckets(tensor_bytes, bucket_cap_bytes, first_bucket_cap_bytes):
     buckets, current, size, limit = [], [], 0, first_bucket_cap_bytes
@@ -124,18 +124,18 @@ def assign_buckets(tensor_bytes, bucket_cap_bytes, first_bucket_cap_bytes):
         buckets.append(current)
     return buckets
 """, None),
-        "strictly_greater": (mutate("ex6_4_code", ("if size >= limit:", "if size > limit:")), "REACHES"),
-        "ignores_first_cap": (mutate("ex6_4_code", ("limit = first_bucket_cap_bytes\n", "limit = bucket_cap_bytes\n")),
+        "strictly_greater": (mutate("assign_buckets_code", ("if size >= limit:", "if size > limit:")), "REACHES"),
+        "ignores_first_cap": (mutate("assign_buckets_code", ("limit = first_bucket_cap_bytes\n", "limit = bucket_cap_bytes\n")),
                               "FIRST bucket"),
-        "drops_last_bucket": (mutate("ex6_4_code", ("    if current:\n        buckets.append(current)\n", "")),
+        "drops_last_bucket": (mutate("assign_buckets_code", ("    if current:\n        buckets.append(current)\n", "")),
                               "partly filled bucket"),
     },
-    "ch06.bucketed_ddp": {
+    "distributed.bucketed_ddp": {
         "forward_order_buckets": (mutate(
-            "ex6_5_code", ("order = list(range(len(self.params)))[::-1]", "order = list(range(len(self.params)))")),
+            "bucketed_ddp_code", ("order = list(range(len(self.params)))[::-1]", "order = list(range(len(self.params)))")),
             "REVERSE"),
         "launch_at_finish": (mutate(
-            "ex6_5_code", ("        while self.next_bucket < len(self.buckets) and "
+            "bucketed_ddp_code", ("        while self.next_bucket < len(self.buckets) and "
                            "self.buckets[self.next_bucket][\"pending\"] == 0:",
                            "    def _launch_all(self):\n"
                            "        while self.next_bucket < len(self.buckets) and "
@@ -144,24 +144,24 @@ def assign_buckets(tensor_bytes, bucket_cap_bytes, first_bucket_cap_bytes):
              "        self._launch_all()\n        if self.next_bucket < len(self.buckets):\n            raise")),
             "overlap"),
         "wrong_world_size": (mutate(
-            "ex6_5_code", ('ready["buffer"].div_(self.world_size)', 'ready["buffer"].div_(self.world_size + 1)')),
+            "bucketed_ddp_code", ('ready["buffer"].div_(self.world_size)', 'ready["buffer"].div_(self.world_size + 1)')),
             "wrong world size"),
         "no_copy_back": (mutate(
-            "ex6_5_code", ("p.grad.copy_(bucket[\"buffer\"][offset:offset + p.numel()].view_as(p))", "pass")),
+            "bucketed_ddp_code", ("p.grad.copy_(bucket[\"buffer\"][offset:offset + p.numel()].view_as(p))", "pass")),
             "never averaged"),
         "one_all_reduce_per_parameter": (mutate(
-            "ex6_5_code", ("int(bucket_cap_mb * 2**20), int(first_bucket_cap_mb * 2**20))", "1, 1)")),
+            "bucketed_ddp_code", ("int(bucket_cap_mb * 2**20), int(first_bucket_cap_mb * 2**20))", "1, 1)")),
             "flat buffer"),
     },
-    "ch06.no_sync": {
+    "distributed.no_sync": {
         "flag_ignored": (mutate(
-            "ex6_6_code", ("        if self.require_backward_grad_sync:\n"
+            "no_sync_code", ("        if self.require_backward_grad_sync:\n"
                            "            super()._on_grad_ready(index, param)",
                            "        super()._on_grad_ready(index, param)"),
             ("        if self.require_backward_grad_sync:\n            super().finish_gradient_synchronization()",
              "        super().finish_gradient_synchronization()")), "no communication"),
         "never_restored": (mutate(
-            "ex6_6_code", ("        try:\n            yield\n        finally:\n"
+            "no_sync_code", ("        try:\n            yield\n        finally:\n"
                            "            self.require_backward_grad_sync = old",
                            "        yield")), "turn synchronisation back on"),
         "hooks_before_accumulation": ("""
@@ -194,11 +194,11 @@ class AccumulatingDDP(BucketedDDP):
             super().finish_gradient_synchronization()
 """, "register_hook"),
         "finish_not_skipped": (mutate(
-            "ex6_6_code", ("        if self.require_backward_grad_sync:\n"
+            "no_sync_code", ("        if self.require_backward_grad_sync:\n"
                            "            super().finish_gradient_synchronization()",
                            "        super().finish_gradient_synchronization()")), None),
     },
-    "ch06.shard_bounds": {
+    "distributed.shard_bounds": {
         "drops_remainder": ("""
 def shard_bounds(numel, world_size, rank):
     shard = numel // world_size
@@ -223,9 +223,9 @@ def shard_bounds(numel, world_size, rank):
     return start, start + sizes[rank]
 """, "plain Python"),
     },
-    "ch06.sharded_adamw": {
+    "distributed.sharded_adamw": {
         "drops_remainder": (mutate(
-            "ex6_8_code", ("self.shard_size = -(-self.numel // self.world_size)  # S = ceil(P / N)",
+            "sharded_adamw_code", ("self.shard_size = -(-self.numel // self.world_size)  # S = ceil(P / N)",
                            "self.shard_size = self.numel // self.world_size"),
             ("self.start, self.end = shard_bounds(self.numel, self.world_size, self.rank)",
              "self.start, self.end = self.rank * self.shard_size, (self.rank + 1) * self.shard_size"),
@@ -236,7 +236,7 @@ def shard_bounds(numel, world_size, rank):
                                                         "[n * s:]])"),
             ("all_gather_flat(flat, padded)", "all_gather_flat(flat[: n * s], padded)")),
             "remainder"),
-        "wrong_world_size": (mutate("ex6_8_code", ("flat_grad /= n\n", "flat_grad /= n - 1 if n > 2 else 1\n")),
+        "wrong_world_size": (mutate("sharded_adamw_code", ("flat_grad /= n\n", "flat_grad /= n - 1 if n > 2 else 1\n")),
                              "wrong world size"),
         "unsharded_state": ("""
 class ShardedAdamW:
@@ -257,7 +257,7 @@ class ShardedAdamW:
             p.grad = None
 """, None),
         "no_all_gather": (mutate(
-            "ex6_8_code", ("all_gather_flat(flat, padded)",
+            "sharded_adamw_code", ("all_gather_flat(flat, padded)",
                            "flat = torch.cat([p.detach().reshape(-1) for p in self.params]"
                            " + [torch.zeros(n * s - self.numel)])\n"
                            "        flat[self.start:self.end] = self.shard")), "all-gather"),
@@ -299,9 +299,9 @@ class ShardedAdamW:
             p.grad = None
 """, "bias"),
     },
-    "ch06.fully_sharded": {
+    "distributed.fully_sharded": {
         "drops_remainder": (mutate(
-            "ex6_9_code", ("shard_size = -(-offset // n)", "shard_size = offset // n"),
+            "fully_sharded_code", ("shard_size = -(-offset // n)", "shard_size = offset // n"),
             ("flat = torch.zeros(n * shard_size)  # (N*S,) zero padding past the P real elements",
              "flat = torch.zeros(max(n * shard_size, offset))"),
             ("full = torch.empty(self.world_size * shard.numel(), dtype=shard.dtype)",
@@ -312,7 +312,7 @@ class ShardedAdamW:
              "(grad_full / owner.world_size)[: owner.world_size * grad_shard.numel()])")),
             None),
         "keeps_gathered_parameters": (mutate(
-            "ex6_9_code", ("        shard = self.shards[k].detach()\n",
+            "fully_sharded_code", ("        shard = self.shards[k].detach()\n",
                            "        if getattr(self, '_cache', None) is None:\n            self._cache = {}\n"
                            "        if k in self._cache:\n            return self._cache[k]\n"
                            "        shard = self.shards[k].detach()\n"),
@@ -322,10 +322,10 @@ class ShardedAdamW:
              "        self._cache = {}\n        for k, layer in enumerate(self.model):\n            x = _Sharded")),
             "Free each layer"),
         "sums_not_averages": (mutate(
-            "ex6_9_code", ("reduce_scatter_flat(grad_shard, grad_full / owner.world_size)",
+            "fully_sharded_code", ("reduce_scatter_flat(grad_shard, grad_full / owner.world_size)",
                            "reduce_scatter_flat(grad_shard, grad_full.contiguous())")), "divide by the world size"),
         "no_reduce_scatter": (mutate(
-            "ex6_9_code", ("        reduce_scatter_flat(grad_shard, grad_full / owner.world_size)",
+            "fully_sharded_code", ("        reduce_scatter_flat(grad_shard, grad_full / owner.world_size)",
                            "        s = grad_shard.numel()\n"
                            "        grad_shard.copy_(grad_full[owner.rank * s:(owner.rank + 1) * s])")),
             "reduce-scatter"),
@@ -398,28 +398,28 @@ class FullyShardedSequential(nn.Module):
         return x
 """, "do not let autograd save it"),
     },
-    "ch06.train_resume": {
+    "distributed.train_resume": {
         "no_rng_state": (mutate(
-            "ex6_10_code", ("    torch.set_rng_state(ckpt[\"rng\"][dist.get_rank()])\n", "")), "RNG state"),
+            "train_resume_code", ("    torch.set_rng_state(ckpt[\"rng\"][dist.get_rank()])\n", "")), "RNG state"),
         "rank0_rng_everywhere": (mutate(
-            "ex6_10_code", ("torch.set_rng_state(ckpt[\"rng\"][dist.get_rank()])",
+            "train_resume_code", ("torch.set_rng_state(ckpt[\"rng\"][dist.get_rank()])",
                             "torch.set_rng_state(ckpt[\"rng\"][0])")),
             "RNG state"),
         "no_optimizer_state": (mutate(
-            "ex6_10_code", ("    optimizer.load_state_dict(ckpt[\"optimizer\"])\n", "")), "optimizer state"),
+            "train_resume_code", ("    optimizer.load_state_dict(ckpt[\"optimizer\"])\n", "")), "optimizer state"),
         "returns_wrong_step": (mutate(
-            "ex6_10_code", ("    return ckpt[\"step\"]\n", "    return ckpt[\"step\"] - 1\n")),
+            "train_resume_code", ("    return ckpt[\"step\"]\n", "    return ckpt[\"step\"] - 1\n")),
             "return the step"),
         "writes_elsewhere": (mutate(
-            "ex6_10_code", ("os.replace(tmp, path)  # atomic", "os.replace(tmp, path + '.ckpt')  # atomic")),
+            "train_resume_code", ("os.replace(tmp, path)  # atomic", "os.replace(tmp, path + '.ckpt')  # atomic")),
             "save_checkpoint must write"),
     },
 }
 
 # Exercises whose answer builds on another exercise's answer: a bug there may fail them too.
 DEPENDS_ON = {
-    "ch06.ring_all_reduce": ("ch06.chunk_bounds",),  # cuts the tensor with chunk_bounds
-    "ch06.bucketed_ddp": ("ch06.assign_buckets",),  # buckets with assign_buckets
-    "ch06.no_sync": ("ch06.bucketed_ddp", "ch06.assign_buckets"),  # AccumulatingDDP(BucketedDDP)
-    "ch06.sharded_adamw": ("ch06.shard_bounds",),  # shards with shard_bounds
+    "distributed.ring_all_reduce": ("distributed.chunk_bounds",),  # cuts the tensor with chunk_bounds
+    "distributed.bucketed_ddp": ("distributed.assign_buckets",),  # buckets with assign_buckets
+    "distributed.no_sync": ("distributed.bucketed_ddp", "distributed.assign_buckets"),  # AccumulatingDDP(BucketedDDP)
+    "distributed.sharded_adamw": ("distributed.shard_bounds",),  # shards with shard_bounds
 }

@@ -561,7 +561,3 @@ def rank_dies(rank: int, world_size: int) -> None:
     dist.all_reduce(t)
 
 
-def tiny_sum(rank: int, world_size: int, offset: float) -> float:
-    t = torch.tensor([rank + offset])
-    dist.all_reduce(t)
-    return t.item()

@@ -1,4 +1,4 @@
-"""Chapter 6 checks that need no process group: schedules, bucket assignment, shards, figures, errors."""
+"""The distributed chapter checks that need no process group: schedules, bucket assignment, shards, figures, errors."""
 import math
 
 import pytest
@@ -24,7 +24,7 @@ from ptinternals.distributed import (
     shard_bounds,
 )
 from ptinternals.distributed.ring import ring_contributions
-from ptinternals.viz.ring import plot_ddp_timeline, plot_fsdp_memory, plot_ring_all_reduce
+from ptinternals.viz.distributed import plot_ddp_timeline, plot_fsdp_memory, plot_ring_all_reduce
 
 
 # ---------------------------------------------------------------------------------------------- ring

@@ -1,4 +1,4 @@
-"""Chapter 6 checks inside real ranks (gloo on CPU): two spawns (2 and 4 ranks) run every check.
+"""The distributed chapter checks inside real ranks (gloo on CPU): two spawns (2 and 4 ranks) run every check.
 
 The rank-side code is in distributed_checks.py (``PLANS``); each spawn runs once per session and
 the tests assert on what the ranks returned (per rank, in rank order).

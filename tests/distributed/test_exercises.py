@@ -1,4 +1,4 @@
-"""Tests of the tests: chapter 6's checkers accept the solution, reject every known bug, and never hang.
+"""Tests of the tests: the distributed chapter's checkers accept the solution, reject every known bug, and never hang.
 
 The multi-rank checks fork their ranks (about 0.2 s each); the deadline for a stuck rank is shortened
 here through ``PTINTERNALS_RANK_DEADLINE_S`` so the hang tests take seconds, not the default 12 s.
@@ -17,7 +17,7 @@ from ptinternals.grading.testing import answer_sources  # noqa: E402
 
 from .buggy import BUGGY  # noqa: E402
 
-CHAPTER = load_chapter("ch06")
+CHAPTER = load_chapter("distributed")
 _NS: dict = {}
 
 
@@ -29,19 +29,6 @@ def solution_namespace() -> dict:
         for gid, src in answer_sources(CHAPTER.assignment).items():  # notebook order, setup first
             exec(compile(src, f"<{gid}>", "exec"), _NS)
     return _NS
-
-
-def rejection(ex_id: str, source: str) -> CheckFailure | None:
-    """The CheckFailure for ``source``: visible cases first (one spawn), then all cases."""
-    ex = CHAPTER.exercise(ex_id)
-    ns = dict(solution_namespace())
-    exec(compile(source, f"<buggy {ex_id}>", "exec"), ns)
-    for hidden in (False, True):
-        try:
-            check(ex_id, ns[ex.entry], hidden=hidden)
-        except CheckFailure as failure:
-            return failure
-    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -90,7 +77,7 @@ def _failure(ex_id: str, source: str) -> tuple[CheckFailure, float]:
 
 
 def test_a_hung_collective_is_named_and_stops_at_the_deadline():
-    failure, elapsed = _failure("ch06.ring_all_reduce", HANGING_RING)
+    failure, elapsed = _failure("distributed.ring_all_reduce", HANGING_RING)
     text = str(failure)
     assert failure.category == "error"
     assert "RankHangError" in text and "timed out after 4 s" in text, text
@@ -102,7 +89,7 @@ def test_a_hung_collective_is_named_and_stops_at_the_deadline():
 
 
 def test_a_rank_that_raises_stops_the_others_at_once():
-    failure, elapsed = _failure("ch06.naive_ddp", CRASHING_DDP)
+    failure, elapsed = _failure("distributed.naive_ddp", CRASHING_DDP)
     text = str(failure)
     assert "rank 1 raised ValueError: rank 1 refuses" in text, text
     assert "<cell ex6_x_code> line 7" in text, text
@@ -111,46 +98,27 @@ def test_a_rank_that_raises_stops_the_others_at_once():
 
 
 def test_a_rank_that_dies_is_named():
-    failure, _ = _failure("ch06.ring_all_reduce", DYING_RANK)
+    failure, _ = _failure("distributed.ring_all_reduce", DYING_RANK)
     assert "rank 1 died (exit code 3)" in str(failure), str(failure)
 
 
 def test_probe_deadline_comes_before_the_sandbox_watchdog():
-    from ptinternals.grading.probes import distributed as probe
+    from ptinternals.checks.probes import ranks as probe
 
     for ex in CHAPTER.exercises:
         if ex.probe and ex.probe.endswith(("plain_python",)):
             continue
         spawns = len(ex.all_cases())
-        if ex.id == "ch06.train_resume":
+        if ex.id == "distributed.train_resume":
             spawns *= 3
         # a hang costs one deadline (later cases of the entry fail at once); slow-but-finishing code
         # may use every spawn's deadline: the exercise's limit must cover that, so the probe reports first
         assert ex.timeout_s >= probe.DEFAULT_DEADLINE_S * spawns, ex.id
 
 
-def test_scaffold_and_probe_hold_no_reference_import():
-    """Graded code may import the scaffold and the probe; neither may pull in the reference package."""
-    import ast
-    from pathlib import Path
-
-    import ptinternals.distributed.scaffold as scaffold
-    import ptinternals.grading.probes.distributed as probe
-
-    for module, allowed in ((scaffold, {"__future__", "torch"}),
-                            (probe, {"__future__", "torch", "datetime", "functools", "io", "json", "math", "mmap",
-                                     "os", "pickle", "select", "shutil", "signal", "socket", "sys", "tempfile",
-                                     "time", "traceback", "types", "weakref", "faulthandler"})):
-        tree = ast.parse(Path(module.__file__).read_text())
-        imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert all(m.split(".")[0] in allowed for m in imported), (module.__name__, imported)
-    assert CHAPTER.sandbox_files == ("distributed/scaffold.py",)
-
-
 def test_hidden_cases_cover_awkward_sizes():
     """World sizes 2-4, lengths 0, 1, < N and not divisible by N, non-contiguous and integer tensors."""
-    ring = CHAPTER.exercise("ch06.ring_all_reduce")
+    ring = CHAPTER.exercise("distributed.ring_all_reduce")
     sizes = {c.args[0] for c in ring.all_cases()}
     assert sizes == {2, 3, 4}
     tensors = [(c.args[0], t[0]) for c in ring.all_cases() for t in c.args[1]]
@@ -158,10 +126,10 @@ def test_hidden_cases_cover_awkward_sizes():
     assert any(0 < x.numel() < n for n, x in tensors) and any(x.numel() % n for n, x in tensors if x.numel() > n)
     assert any(not x.is_contiguous() for _, x in tensors) and any(not x.is_floating_point() for _, x in tensors)
     assert any(x.numel() > 1000 for _, x in tensors)
-    for ex_id in ("ch06.naive_ddp", "ch06.bucketed_ddp", "ch06.no_sync", "ch06.sharded_adamw", "ch06.fully_sharded"):
+    for ex_id in ("distributed.naive_ddp", "distributed.bucketed_ddp", "distributed.no_sync", "distributed.sharded_adamw", "distributed.fully_sharded"):
         assert {c.args[0] for c in CHAPTER.exercise(ex_id).all_cases()} >= {2, 3, 4}, ex_id
-    numels = [sum(p.numel() for p in c.args[1]["init"]) for c in CHAPTER.exercise("ch06.sharded_adamw").all_cases()]
-    assert all(p % n for p, n in zip(numels, [c.args[0] for c in CHAPTER.exercise("ch06.sharded_adamw").all_cases()]))
+    numels = [sum(p.numel() for p in c.args[1]["init"]) for c in CHAPTER.exercise("distributed.sharded_adamw").all_cases()]
+    assert all(p % n for p, n in zip(numels, [c.args[0] for c in CHAPTER.exercise("distributed.sharded_adamw").all_cases()]))
 
 
 def test_run_ranks_can_fork_a_function_defined_anywhere():
@@ -209,15 +177,15 @@ def _graded(replace: dict | None = None, student: bool = False):
 @pytest.mark.slow
 def test_a_hang_and_a_bug_cost_only_their_exercises_through_the_sandbox(monkeypatch):
     monkeypatch.delenv("PTINTERNALS_RANK_DEADLINE_S")  # the sandbox sees a clean environment anyway
-    results, report, seconds = _graded({"ex6_2_code": HANGING_RING,
-                                        "ex6_8_code": BUGGY["ch06.sharded_adamw"]["drops_remainder"][0]})
-    ring = results["ch06.ring_all_reduce"]
+    results, report, seconds = _graded({"ring_all_reduce_code": HANGING_RING,
+                                        "sharded_adamw_code": BUGGY["distributed.sharded_adamw"]["drops_remainder"][0]})
+    ring = results["distributed.ring_all_reduce"]
     assert ring.score == 0 and ring.category == "error", ring.message
     assert "RankHangError" in ring.message and "rank 0: INSIDE recv #1" in ring.message, ring.message
     assert "line 6 in ring_all_reduce" in ring.message, ring.message
-    zero = results["ch06.sharded_adamw"]
+    zero = results["distributed.sharded_adamw"]
     assert zero.score == 0 and zero.category == "wrong" and "remainder" in zero.message, zero.message
-    others = [e for i, e in results.items() if i not in ("ch06.ring_all_reduce", "ch06.sharded_adamw")]
+    others = [e for i, e in results.items() if i not in ("distributed.ring_all_reduce", "distributed.sharded_adamw")]
     assert all(e.passed and e.score == e.points for e in others), [e.message for e in others if not e.passed]
     assert report.sandbox_runs == 1 and not report.events, report.events
     assert seconds < 120, f"grading took {seconds:.0f} s"

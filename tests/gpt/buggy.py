@@ -1,4 +1,4 @@
-"""Known-buggy implementations of chapter 8's exercises: each one must be rejected by its checker.
+"""Known-buggy implementations of the gpt chapter's exercises: each one must be rejected by its checker.
 
 Each bug is a mistake students really make. Most are the solution's answer cell with one edit (so
 each source is a complete replacement for that exercise's answer cell, as the end-to-end tests need);
@@ -6,7 +6,7 @@ each source is a complete replacement for that exercise's answer cell, as the en
 """
 from ptinternals.grading.testing import answer_sources
 
-SOLUTION = answer_sources("ch08_gpt")
+SOLUTION = answer_sources("gpt")
 
 
 def edit(grade_id: str, *pairs: tuple[str, str]) -> str:
@@ -20,19 +20,19 @@ def edit(grade_id: str, *pairs: tuple[str, str]) -> str:
 
 
 #: Exercises graded through another's answer cell: a bug there may fail them too (tests/test_notebooks.py).
-SLOW_HIDDEN = {"ch08.train_gpt"}  # its hidden case is the graded 800-step training run (a slow test)
-DEPENDS_ON = {"ch08.train_gpt": ("ch08.gpt", "ch08.train_step"),
-              "ch08.train_gpu": ("ch08.gpt", "ch08.train_step", "ch08.train_gpt")}
+SLOW_HIDDEN = {"gpt.train_gpt"}  # its hidden case is the graded 800-step training run (a slow test)
+DEPENDS_ON = {"gpt.train_gpt": ("gpt.gpt", "gpt.train_step"),
+              "gpt.train_gpu": ("gpt.gpt", "gpt.train_step", "gpt.train_gpt")}
 
-GPT = "ex8_1_code"
-LN = "ex8_2_code"
-STEP = "ex8_4_code"
-DDP = "ex8_5_code"
-RUN = "ex8_6_code"
-GPU = "ex8_7_code"
+GPT = "gpt_code"
+LN = "kernel_layer_norm_code"
+STEP = "train_step_code"
+DDP = "ddp_code"
+RUN = "train_gpt_code"
+GPU = "train_gpu_code"
 
 BUGGY = {
-    "ch08.gpt": {
+    "gpt.gpt": {
         "no_causal_mask": (edit(GPT, ("is_causal=True", "is_causal=False")), "no causal mask"),
         "scale_by_n_embd": (edit(GPT, ("is_causal=True)", "is_causal=True, scale=1.0 / math.sqrt(C))")),
                             "1/sqrt(head size)"),
@@ -48,7 +48,7 @@ BUGGY = {
         "no_position_embedding": (edit(GPT, ("self.transformer.wte(idx) + self.transformer.wpe(pos)",
                                              "self.transformer.wte(idx)")), "position embeddings"),
     },
-    "ch08.kernel_layer_norm": {
+    "gpt.kernel_layer_norm": {
         "unbiased_variance": (edit(LN, ("tl.sum(xc * xc, axis=0) / N + eps",
                                         "tl.sum(xc * xc, axis=0) / (N - 1) + eps")),
                               "N - 1"),
@@ -87,8 +87,8 @@ def kernel_layer_norm(x, weight, bias=None, eps=1e-5):
     return y if bias is None else y + bias
 """, "no custom op"),
     },
-    "ch08.checkpoint": {
-        "no_rng_restore": (edit("ex8_3_code", ("            torch.set_rng_state(cpu_state)\n", "")), "dropout masks"),
+    "gpt.checkpoint": {
+        "no_rng_restore": (edit("checkpoint_code", ("            torch.set_rng_state(cpu_state)\n", "")), "dropout masks"),
         "keeps_activations": ("""
 def checkpoint(fn, *args):
     return fn(*args)
@@ -102,10 +102,10 @@ def checkpoint(fn, *args):
         out = fn(*args)
     return out.requires_grad_()
 """, "no .grad"),
-        "recompute_without_grad": (edit("ex8_3_code", ("            with torch.enable_grad(), torch.autograd",
+        "recompute_without_grad": (edit("checkpoint_code", ("            with torch.enable_grad(), torch.autograd",
                                                        "            with torch.no_grad(), torch.autograd")), None),
     },
-    "ch08.train_step": {
+    "gpt.train_step": {
         "no_division_by_micro_batches": (edit(STEP, ("                loss = loss / len(batches)\n", "")),
                                          "divide each micro-batch"),
         "clip_before_unscale": (edit(STEP, ("    if scaler is not None:\n        scaler.unscale_(optimizer)\n", ""),
@@ -121,7 +121,7 @@ def checkpoint(fn, *args):
                                             "float('inf')))")),
                                 "BEFORE clipping"),
     },
-    "ch08.ddp": {
+    "gpt.ddp": {
         "sum_not_mean": (edit(DDP, ("        param.grad.div_(self.world_size)", "")), "summed over ranks"),
         "no_broadcast": (edit(DDP, ("                dist.broadcast(t, src=0)", "                pass")),
                          "broadcast rank 0"),
@@ -130,7 +130,7 @@ def checkpoint(fn, *args):
         "broadcast_instead_of_all_reduce": (edit(DDP, ("dist.all_reduce(param.grad, async_op=True)",
                                                        "dist.broadcast(param.grad, src=0, async_op=True)")), None),
     },
-    "ch08.train_gpt": {
+    "gpt.train_gpt": {
         "returns_an_untrained_model": (edit(RUN, ("    fit(model, optimizer", "    0 and fit(model, optimizer")),
                                        "not trained"),
         "stops_after_a_few_steps": (edit(RUN, ("    config = config.replace(vocab_size=tokenizer.vocab_size)",
@@ -139,7 +139,7 @@ def checkpoint(fn, *args):
                                     "learned little"),
         "vocab_size_not_set": (edit(RUN, ("    config = config.replace(vocab_size=tokenizer.vocab_size)\n", "")), None),
     },
-    "ch08.train_gpu": {
+    "gpt.train_gpu": {
         "cpu_preset": (edit(GPU, ('train_gpt("gpu"', 'train_gpt("cpu"')), "cpu preset"),
         "no_dropout": (edit(GPU, ('my_choices = {"amp": True}', 'my_choices = {"amp": True, "dropout": 0.0}')),
                        "dropout=0.0"),

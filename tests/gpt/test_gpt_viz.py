@@ -2,7 +2,7 @@
 import pytest
 from matplotlib.figure import Figure
 
-from ptinternals.viz.training import plot_loss_curve, plot_tokens_per_second
+from ptinternals.viz.gpt import plot_loss_curve, plot_tokens_per_second
 
 
 def test_loss_curve_and_throughput_figures():

@@ -1,4 +1,4 @@
-"""Fixtures for grading tests: submissions built from the chapter 1 solution notebook."""
+"""Fixtures for grading tests: submissions built from the strides chapter's solution notebook."""
 import copy
 import os
 import shutil
@@ -11,11 +11,11 @@ from ptinternals.grading.testing import ROOT, solution_notebook
 
 
 def submission(replace: dict | None = None, delete: tuple = (), student_version: bool = False):
-    """The chapter 1 notebook with some answer cells replaced (by grade_id) or deleted."""
+    """The the strides chapter notebook with some answer cells replaced (by grade_id) or deleted."""
     if student_version:
-        nb = nbformat.read(ROOT / "notebooks" / "ch01_strides" / "ch01_strides.ipynb", as_version=4)
+        nb = nbformat.read(ROOT / "notebooks" / "strides" / "strides.ipynb", as_version=4)
     else:
-        nb = copy.deepcopy(solution_notebook("ch01_strides"))
+        nb = copy.deepcopy(solution_notebook("strides"))
     cells = []
     for cell in nb.cells:
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
@@ -65,7 +65,7 @@ def module_course(tmp_path_factory):
         yield root
 
 
-def add_submission(root: Path, student: str, nb, answers: dict | None = None, assignment: str = "ch01_strides"):
+def add_submission(root: Path, student: str, nb, answers: dict | None = None, assignment: str = "strides"):
     import json
 
     dest = root / "autograder" / "submitted" / student / assignment

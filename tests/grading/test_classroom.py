@@ -27,12 +27,12 @@ LOOP = "def contiguous_strides(shape):\n    while True:\n        pass\n"
 CLASS = {  # student -> (notebook, quiz answers, expected score)
     "s0": (lambda: submission(), None, 14.0),
     "s1": (lambda: submission(student_version=True), None, 0.0),
-    "s2": (lambda: submission({"ex1_4_code": BUGGY["ch01.view_strides"]["ignores_size_one_dims"][0]}), None, 11.0),
+    "s2": (lambda: submission({"view_strides_code": BUGGY["strides.view_strides"]["ignores_size_one_dims"][0]}), None, 11.0),
     "s3": (lambda: submission(), RIGHT, 24.0),
-    # an infinite loop in 1.1 also sinks 1.4, whose solution calls contiguous_strides (empty tensors)
-    "s4": (lambda: submission({"ex1_1_code": LOOP}), None, 10.0),
-    "s5": (lambda: submission(delete=("ex1_6_tests",)), None, 14.0),
-    "s6": (lambda: submission({"ex1_8_code": BUGGY["ch01.im2col"]["assumes_contiguous"][0]}), None, 12.0),
+    # an infinite loop in contiguous_strides also sinks view_strides, whose solution calls contiguous_strides (empty tensors)
+    "s4": (lambda: submission({"contiguous_strides_code": LOOP}), None, 10.0),
+    "s5": (lambda: submission(delete=("slice_view_tests",)), None, 14.0),
+    "s6": (lambda: submission({"im2col_code": BUGGY["strides.im2col"]["assumes_contiguous"][0]}), None, 12.0),
     "s7": (lambda: submission(), None, 14.0),
 }
 EXPECTED = {s: v[2] for s, v in CLASS.items()}
@@ -55,7 +55,7 @@ def exported(root: Path, db: str | None = None) -> dict:
 
 def grade_in_subprocess(root: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, PTGRADE_ROOT=str(root))
-    return subprocess.Popen([sys.executable, "-m", "ptinternals.grading.cli", "autograde", "ch01_strides", "--quiet", *args],
+    return subprocess.Popen([sys.executable, "-m", "ptinternals.grading.cli", "autograde", "strides", "--quiet", *args],
                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -64,25 +64,25 @@ def kill_after_some(proc: subprocess.Popen, root: Path, n_done: int, timeout_s: 
     reports = root / "autograder" / "reports"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
-        if len(list(reports.glob("*/ch01_strides.json"))) >= n_done:
+        if len(list(reports.glob("*/strides.json"))) >= n_done:
             break
         time.sleep(0.2)
     if proc.poll() is not None:
         raise AssertionError(f"the grader exited by itself (status {proc.returncode}):\n{proc.stdout.read()[-3000:]}")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    return len(list(reports.glob("*/ch01_strides.json")))
+    return len(list(reports.glob("*/strides.json")))
 
 
 def test_two_workers_exact_scores_then_rerun_is_a_no_op(tmp_path_factory, capsys):
     root = new_course(tmp_path_factory)
     with _Root(root):
         t0 = time.perf_counter()
-        assert ptgrade(["autograde", "ch01_strides", "-j", "2", "--quiet"]) == 0
+        assert ptgrade(["autograde", "strides", "-j", "2", "--quiet"]) == 0
         print(f"\n8 submissions, 2 workers, sqlite: {time.perf_counter() - t0:.1f} s")
         assert exported(root) == EXPECTED
         capsys.readouterr()
-        assert ptgrade(["autograde", "ch01_strides", "-j", "2", "--quiet"]) == 0
+        assert ptgrade(["autograde", "strides", "-j", "2", "--quiet"]) == 0
         assert "nothing to grade" in capsys.readouterr().out
     assert exported(root) == EXPECTED
 

@@ -9,6 +9,7 @@ import yaml
 
 from ptinternals.grading.classroom import shard
 from ptinternals.grading.cli import build_parser, main
+from ptinternals.grading.exercise import load_chapter
 
 from .conftest import submission
 
@@ -30,40 +31,40 @@ def test_unknown_assignment_is_a_usage_error(course, capsys):
 
 
 def test_missing_submission_is_named(course, capsys):
-    assert main(["autograde", "ch01_strides", "--student", "nobody"]) == 2
-    assert "no submission of ch01_strides for: nobody" in capsys.readouterr().err
+    assert main(["autograde", "strides", "--student", "nobody"]) == 2
+    assert "no submission of strides for: nobody" in capsys.readouterr().err
 
 
 def test_bad_collect_folder(course, capsys):
-    assert main(["collect", "ch01_strides", "--from", str(course / "nope")]) == 2
+    assert main(["collect", "strides", "--from", str(course / "nope")]) == 2
     assert "not a folder" in capsys.readouterr().err
 
 
 def test_outside_a_course(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("PTGRADE_ROOT", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert main(["summary", "ch01_strides"]) == 2
+    assert main(["summary", "strides"]) == 2
     assert "not inside the course repository" in capsys.readouterr().err
 
 
 def test_collect_keeps_earlier_submissions(course, tmp_path):
     src = tmp_path / "downloads"
     (src / "ada").mkdir(parents=True)
-    nbformat.write(submission(), src / "ada" / "ch01_strides.ipynb")
+    nbformat.write(submission(), src / "ada" / "strides.ipynb")
     (src / "bad name!").mkdir()
-    assert main(["collect", "ch01_strides", "--from", str(src)]) == 1  # the odd folder is reported
-    assert main(["collect", "ch01_strides", "--from", str(src)]) == 1
-    assert (course / "autograder" / "submitted" / "ada" / "ch01_strides" / "ch01_strides.ipynb").exists()
+    assert main(["collect", "strides", "--from", str(src)]) == 1  # the odd folder is reported
+    assert main(["collect", "strides", "--from", str(src)]) == 1
+    assert (course / "autograder" / "submitted" / "ada" / "strides" / "strides.ipynb").exists()
     assert list((course / "autograder" / "submitted" / "_superseded" / "ada").iterdir())
 
 
 def test_validate_makes_deleted_test_cells_visible(tmp_path, capsys):
-    path = tmp_path / "ch01_strides.ipynb"
-    nbformat.write(submission(delete=("ex1_4_tests", "ex1_2_code"), student_version=True), path)
+    path = tmp_path / "strides.ipynb"
+    nbformat.write(submission(delete=("view_strides_tests", "storage_index_code"), student_version=True), path)
     assert main(["validate", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "Exercise 1.4 (view_strides) (ex1_4_tests) has been deleted" in out
-    assert "answer cell of Exercise 1.2" in out
+    assert f"{load_chapter('strides').exercise('strides.view_strides').name} (view_strides_tests) has been deleted" in out
+    assert f"answer cell of {load_chapter('strides').exercise('strides.storage_index').name}" in out
     nbformat.write(submission(student_version=True), path)
     assert main(["validate", str(path)]) == 0
 
@@ -71,12 +72,12 @@ def test_validate_makes_deleted_test_cells_visible(tmp_path, capsys):
 def test_validate_flags_edited_locked_cells(tmp_path, capsys):
     nb = submission(student_version=True)
     for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == "ex1_3_tests":
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "is_contiguous_tests":
             cell.source = "pass"
-    path = tmp_path / "ch01_strides.ipynb"
+    path = tmp_path / "strides.ipynb"
     nbformat.write(nb, path)
     assert main(["validate", str(path)]) == 1
-    assert "locked cell ex1_3_tests was edited" in capsys.readouterr().out
+    assert "locked cell is_contiguous_tests was edited" in capsys.readouterr().out
 
 
 def test_doctor_reports(capsys):
@@ -104,7 +105,7 @@ def test_scheduler_templates_are_valid():
     # the command line the templates run parses with ptgrade's real parser
     for text in (args, sbatch.read_text()):
         assert "ptgrade autograde" in text and "--shard" in text
-    parsed = build_parser().parse_args(["autograde", "ch01_strides", "--shard", "0/4", "--db", "postgresql://x/y",
+    parsed = build_parser().parse_args(["autograde", "strides", "--shard", "0/4", "--db", "postgresql://x/y",
                                         "--workers", "2", "--gpus", "0", "--quiet"])
     assert parsed.shard == "0/4" and parsed.gpus == "0"
 

@@ -1,6 +1,6 @@
 """Red team: hostile and broken submissions get exactly the right score, and nothing else is affected.
 
-Each case replaces one answer cell of the (correct) chapter 1 solution with an attack and grades the
+Each case replaces one answer cell of the (correct) the strides chapter solution with an attack and grades the
 notebook through the trusted boundary. The attacked exercise must score 0 (or be graded normally,
 when the attack is only noise), every other exercise graded in the same run keeps full marks, and
 no attack leaves a trace outside the sandbox.
@@ -18,7 +18,7 @@ from ptinternals.grading.trusted import grade_notebook
 
 from .conftest import submission
 
-CH = load_chapter("ch01")
+CH = load_chapter("strides")
 GOOD_1_1 = "def contiguous_strides(shape):\n    s, r = [], 1\n    for n in reversed(shape):\n        s.append(r); r *= max(n, 1)\n    return tuple(reversed(s))\n"
 ISOLATION = "bwrap" if bwrap_works("cpu")[0] else "process"
 needs_bwrap = pytest.mark.skipif(ISOLATION != "bwrap", reason="needs bubblewrap (installed by .ci/run)")
@@ -26,7 +26,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-uid process limit
 CANARY = ROOT / "autograder" / "PWNED-by-redteam"
 
 
-def grade(replace, only=("ch01.contiguous_strides", "ch01.storage_index"), tmp=None, **kw):
+def grade(replace, only=("strides.contiguous_strides", "strides.storage_index"), tmp=None, **kw):
     nb = submission(replace)
     limits = Limits(memory_mb=1536)  # the attacks target the torch-free group: a small limit is enough
     report = grade_notebook(nb, CH, tmp or ".", SandboxConfig(isolation=ISOLATION, limits=limits, **kw), only=set(only),
@@ -38,7 +38,7 @@ def body(code: str) -> str:
     return textwrap.dedent(code).strip() + "\n"
 
 
-# attack on Exercise 1.1's answer cell -> (expected category of 1.1 or None if it must still pass)
+# attack on Exercise strides.contiguous_strides's answer cell -> (expected category of contiguous_strides or None if it must still pass)
 ATTACKS = {
     "infinite_loop_in_function": (body("""
         def contiguous_strides(shape):
@@ -172,8 +172,8 @@ ATTACKS = {
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_attack_is_contained(name, tmp_path):
     code, expected = ATTACKS[name]
-    results, report = grade({"ex1_1_code": code}, tmp=tmp_path)
-    ex11, ex12 = results["ch01.contiguous_strides"], results["ch01.storage_index"]
+    results, report = grade({"contiguous_strides_code": code}, tmp=tmp_path)
+    ex11, ex12 = results["strides.contiguous_strides"], results["strides.storage_index"]
     assert ex12.passed and ex12.score == ex12.points, f"{name} cost another exercise its points: {ex12.message}"
     if expected is None:
         assert ex11.passed, ex11.message
@@ -185,19 +185,19 @@ def test_attack_is_contained(name, tmp_path):
 @needs_bwrap
 def test_reading_solutions_and_gradebook_is_impossible(tmp_path):
     (ROOT / "autograder").mkdir(exist_ok=True)
-    target = ROOT / "solutions" / "ch01_strides" / "ch01_strides.ipynb"
+    target = ROOT / "solutions" / "strides" / "strides.ipynb"
     code = body(f"""
         import json
         def contiguous_strides(shape):
             nb = json.load(open({str(target)!r}))   # the instructor's solution: not visible in the sandbox
-            src = [c for c in nb['cells'] if c['metadata'].get('nbgrader', {{}}).get('grade_id') == 'ex1_1_code'][0]
+            src = [c for c in nb['cells'] if c['metadata'].get('nbgrader', {{}}).get('grade_id') == 'contiguous_strides_code'][0]
             ns = {{}}
             exec(''.join(src['source']), ns)
             return ns['contiguous_strides'](shape)
         """)
-    results, _ = grade({"ex1_1_code": code}, tmp=tmp_path)
-    assert not results["ch01.contiguous_strides"].passed
-    assert "FileNotFoundError" in results["ch01.contiguous_strides"].message
+    results, _ = grade({"contiguous_strides_code": code}, tmp=tmp_path)
+    assert not results["strides.contiguous_strides"].passed
+    assert "FileNotFoundError" in results["strides.contiguous_strides"].message
 
 
 @needs_bwrap
@@ -209,10 +209,10 @@ def test_writes_outside_scratch_and_network_fail(tmp_path):
             socket.create_connection(("1.1.1.1", 80), timeout=2)
             return ()
         """)
-    results, _ = grade({"ex1_1_code": code}, tmp=tmp_path)
+    results, _ = grade({"contiguous_strides_code": code}, tmp=tmp_path)
     assert not CANARY.exists()
-    assert not results["ch01.contiguous_strides"].passed
-    assert "Error" in results["ch01.contiguous_strides"].message
+    assert not results["strides.contiguous_strides"].passed
+    assert "Error" in results["strides.contiguous_strides"].message
 
 
 @needs_bwrap
@@ -226,8 +226,8 @@ def test_no_network_inside(tmp_path):
             except OSError as e:
                 raise RuntimeError(f"no network: {e}")
         """)
-    results, _ = grade({"ex1_1_code": code}, tmp=tmp_path)
-    assert "no network" in results["ch01.contiguous_strides"].message
+    results, _ = grade({"contiguous_strides_code": code}, tmp=tmp_path)
+    assert "no network" in results["strides.contiguous_strides"].message
 
 
 @needs_root
@@ -241,9 +241,9 @@ def test_fork_bomb_is_contained(tmp_path):
                 except OSError:
                     pass
         """)
-    results, report = grade({"ex1_1_code": code}, tmp=tmp_path)
-    assert not results["ch01.contiguous_strides"].passed
-    assert results["ch01.storage_index"].passed
+    results, report = grade({"contiguous_strides_code": code}, tmp=tmp_path)
+    assert not results["strides.contiguous_strides"].passed
+    assert results["strides.storage_index"].passed
     # nothing of the bomb survives the sandbox: no process is left under a sandbox uid nobody holds
     import fcntl
 
@@ -275,10 +275,10 @@ def _uid(status: Path) -> int | None:
 
 
 def test_deleted_test_cell_is_reported_and_still_graded(tmp_path):
-    nb = submission(delete=("ex1_1_tests",))
-    report = grade_notebook(nb, CH, tmp_path, SandboxConfig(isolation=ISOLATION), only={"ch01.contiguous_strides"})
+    nb = submission(delete=("contiguous_strides_tests",))
+    report = grade_notebook(nb, CH, tmp_path, SandboxConfig(isolation=ISOLATION), only={"strides.contiguous_strides"})
     assert report.exercises[0].passed
-    assert any("ex1_1_tests" in e and "missing" in e for e in report.events)
+    assert any("contiguous_strides_tests" in e and "missing" in e for e in report.events)
 
 
 def test_correct_submission_keeps_full_marks(tmp_path):
@@ -302,8 +302,8 @@ def test_gpu_out_of_memory_costs_only_its_exercise(tmp_path):
             hog = [torch.empty(1 << 34, dtype=torch.uint8, device="cuda") for _ in range(1000)]  # > any GPU
             return x
         """)
-    results, _ = grade({"ex1_7_code": code}, only=("ch01.sliding_windows", "ch01.im2col"), tmp=tmp_path,
+    results, _ = grade({"sliding_windows_code": code}, only=("strides.sliding_windows", "strides.im2col"), tmp=tmp_path,
                        device="cuda")
-    assert not results["ch01.sliding_windows"].passed
-    assert "out of memory" in results["ch01.sliding_windows"].message.lower()
-    assert results["ch01.im2col"].passed
+    assert not results["strides.sliding_windows"].passed
+    assert "out of memory" in results["strides.sliding_windows"].message.lower()
+    assert results["strides.im2col"].passed

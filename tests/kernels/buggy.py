@@ -1,4 +1,4 @@
-"""Known-buggy implementations of chapter 7's exercises: each one must be rejected by its checker.
+"""Known-buggy implementations of the kernels chapter's exercises: each one must be rejected by its checker.
 
 Each bug is a mistake students really make in Triton (the issue names several: softmax without the max
 subtraction, a missing mask on the last block, layer norm with the unbiased variance, attention without
@@ -6,30 +6,17 @@ the causal mask or with a wrong rescale of the running sum). ``expect`` words mu
 failure message, so the message names the likely cause.
 
 The kernels are long, so most bugs are written as edits of the solution's answer cell
-(:func:`edited`): each is still a complete replacement for that cell, which is what the end-to-end
+(``ptinternals.grading.testing.edited``): each is still a complete replacement for that cell, which is what the end-to-end
 tests paste into a notebook. An edit whose text is no longer in the solution fails loudly.
 
 ``GPU_BUGGY`` holds bugs only a GPU can see (the interpreter accepts ``tl.dot`` on 8 x 8 blocks; a GPU
 compile refuses): same format, run by the ``gpu``-marked test.
 """
 
-from ptinternals.grading.testing import answer_sources
+from ptinternals.grading.testing import edited
 
-_SOLUTION = answer_sources("ch07_kernels")
-
-# Exercise 7.8 wraps the student's own 7.3 and 7.4 functions: a bug there fails it too (end-to-end tests).
-DEPENDS_ON = {"ch07.custom_op": ("ch07.layer_norm_forward", "ch07.layer_norm_backward")}
-
-
-def edited(grade_id: str, *edits: tuple[str, str]) -> str:
-    """The solution's answer cell ``grade_id`` with each ``(old, new)`` replaced (``old`` must occur once)."""
-    source = _SOLUTION[grade_id]
-    for old, new in edits:
-        count = source.count(old)
-        if count != 1:
-            raise AssertionError(f"{grade_id}: the edit target occurs {count} times (expected once): {old!r}")
-        source = source.replace(old, new)
-    return source
+# Exercise kernels.custom_op wraps the student's own layer_norm_forward and layer_norm_backward: a bug there fails it too (end-to-end tests).
+DEPENDS_ON = {"kernels.custom_op": ("kernels.layer_norm_forward", "kernels.layer_norm_backward")}
 
 
 ADD_HEAD = """
@@ -39,7 +26,7 @@ def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, stride_x, stride_y, BLOCK_SIZE
 """
 
 BUGGY = {
-    "ch07.add": {
+    "kernels.add": {
         # the issue's "missing mask on the last block"
         "no_mask_on_last_block": (
             ADD_HEAD
@@ -120,19 +107,19 @@ def add(x, y):
             "launched no Triton kernel",
         ),
     },
-    "ch07.softmax": {
+    "kernels.softmax": {
         # the issue's "softmax without max subtraction overflowing on large inputs"
         "no_max_subtraction": (
-            edited("ex7_2_code", ("z = x - tl.max(x, axis=0)", "z = x")),
+            edited("kernels.softmax", ("z = x - tl.max(x, axis=0)", "z = x")),
             "subtract the row max",
         ),
         "masked_lanes_load_zero": (
-            edited("ex7_2_code", (', mask=mask, other=-float("inf"))', ", mask=mask, other=0.0)")),
+            edited("kernels.softmax", (', mask=mask, other=-float("inf"))', ", mask=mask, other=0.0)")),
             "-inf",
         ),
         "no_mask_on_last_block": (
             edited(
-                "ex7_2_code",
+                "kernels.softmax",
                 (', mask=mask, other=-float("inf"))', ")"),
                 ("num / den, mask=mask)", "num / den)"),
             ),
@@ -140,39 +127,39 @@ def add(x, y):
         ),
         "fixed_block_of_128": (
             edited(
-                "ex7_2_code", ("BLOCK_SIZE = max(triton.next_power_of_2(n_cols), 16)", "BLOCK_SIZE = 128")
+                "kernels.softmax", ("BLOCK_SIZE = max(triton.next_power_of_2(n_cols), 16)", "BLOCK_SIZE = 128")
             ),
             "BLOCK_SIZE must cover",
         ),
         "assumes_unit_column_stride": (
-            edited("ex7_2_code", ("cols * x_col_stride, mask", "cols, mask")),
+            edited("kernels.softmax", ("cols * x_col_stride, mask", "cols, mask")),
             "not contiguous",
         ),
         "torch_softmax_in_the_wrapper": (
-            edited("ex7_2_code", ("    return out\n", "    return torch.softmax(x, -1)\n")),
+            edited("kernels.softmax", ("    return out\n", "    return torch.softmax(x, -1)\n")),
             "computed with torch",
         ),
     },
-    "ch07.layer_norm_forward": {
+    "kernels.layer_norm_forward": {
         # the issue's "layernorm with unbiased variance"
         "unbiased_variance": (
             edited(
-                "ex7_3_code",
+                "kernels.layer_norm_forward",
                 ("var = tl.sum(xc * xc, axis=0) / n_cols", "var = tl.sum(xc * xc, axis=0) / (n_cols - 1)"),
             ),
             "unbiased variance",
         ),
         "masked_lanes_in_variance": (
-            edited("ex7_3_code", ("xc = tl.where(mask, x - mean, 0.0)", "xc = x - mean")),
+            edited("kernels.layer_norm_forward", ("xc = tl.where(mask, x - mean, 0.0)", "xc = x - mean")),
             "masked lanes",
         ),
         "eps_outside_sqrt": (
-            edited("ex7_3_code", ("rstd = 1.0 / tl.sqrt(var + eps)", "rstd = 1.0 / (tl.sqrt(var) + eps)")),
+            edited("kernels.layer_norm_forward", ("rstd = 1.0 / tl.sqrt(var + eps)", "rstd = 1.0 / (tl.sqrt(var) + eps)")),
             "inside the square root",
         ),
         "no_mask_on_last_block": (
             edited(
-                "ex7_3_code",
+                "kernels.layer_norm_forward",
                 ("cols * x_col_stride, mask=mask, other=0.0)", "cols * x_col_stride)"),
                 ("xc * rstd * w + b, mask=mask)", "xc * rstd * w + b)"),
             ),
@@ -180,27 +167,27 @@ def add(x, y):
         ),
         "mean_over_block": (
             edited(
-                "ex7_3_code", ("mean = tl.sum(x, axis=0) / n_cols", "mean = tl.sum(x, axis=0) / BLOCK_SIZE")
+                "kernels.layer_norm_forward", ("mean = tl.sum(x, axis=0) / n_cols", "mean = tl.sum(x, axis=0) / BLOCK_SIZE")
             ),
             "divide the row sum by N",
         ),
     },
-    "ch07.layer_norm_backward": {
+    "kernels.layer_norm_backward": {
         "dx_without_the_xhat_term": (
-            edited("ex7_4_code", ("(wdy - (xhat * c1 + c2)) * rstd", "(wdy - c2) * rstd")),
+            edited("kernels.layer_norm_backward", ("(wdy - (xhat * c1 + c2)) * rstd", "(wdy - c2) * rstd")),
             "missing the term xhat",
         ),
         "dx_without_the_mean_term": (
-            edited("ex7_4_code", ("(wdy - (xhat * c1 + c2)) * rstd", "(wdy - xhat * c1) * rstd")),
+            edited("kernels.layer_norm_backward", ("(wdy - (xhat * c1 + c2)) * rstd", "(wdy - xhat * c1) * rstd")),
             "missing the term mean",
         ),
         "dweight_from_x_not_xhat": (
-            edited("ex7_4_code", ("dw_acc += dy * xhat", "dw_acc += dy * x")),
+            edited("kernels.layer_norm_backward", ("dw_acc += dy * xhat", "dw_acc += dy * x")),
             "dy * xhat",
         ),
         "partials_summed_from_torch_empty": (
             edited(
-                "ex7_4_code",
+                "kernels.layer_norm_backward",
                 (
                     "partial_dw = torch.empty((n_programs, n_cols)",
                     "partial_dw = torch.empty((n_programs + 1, n_cols)",
@@ -217,7 +204,7 @@ def add(x, y):
             "torch.zeros",
         ),
     },
-    "ch07.grouped_tile_order": {
+    "kernels.grouped_tile_order": {
         "row_major": (
             """
 def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
@@ -255,22 +242,22 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
             "num_pid_n",
         ),
     },
-    "ch07.matmul": {
+    "kernels.matmul": {
         "no_mask_on_the_last_k_step": (
             edited(
-                "ex7_6_code",
+                "kernels.matmul",
                 ("a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)", "a = tl.load(a_ptrs)"),
                 ("b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)", "b = tl.load(b_ptrs)"),
             ),
             "Mask it",
         ),
         "no_accumulation": (
-            edited("ex7_6_code", ("acc = tl.dot(a, b, acc)", "acc = tl.dot(a, b)")),
+            edited("kernels.matmul", ("acc = tl.dot(a, b, acc)", "acc = tl.dot(a, b)")),
             "accumulate",
         ),
         "assumes_contiguous_b": (
             edited(
-                "ex7_6_code",
+                "kernels.matmul",
                 (
                     "b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn",
                     "b_ptrs = b_ptr + offs_k[:, None] * N + offs_bn[None, :]",
@@ -281,7 +268,7 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
         ),
         "no_mask_on_the_store": (
             edited(
-                "ex7_6_code",
+                "kernels.matmul",
                 (
                     "tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))",
                     "tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty))",
@@ -291,7 +278,7 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
         ),
         "grouped_order_ignores_short_last_group": (
             edited(
-                "ex7_6_code",
+                "kernels.matmul",
                 (
                     "pid_n = (pid % num_pid_in_group) // group_size_m",
                     "pid_n = (pid % num_pid_in_group) // GROUP_SIZE_M",
@@ -300,11 +287,11 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
             "grouped order",
         ),
     },
-    "ch07.flash_attention": {
+    "kernels.flash_attention": {
         # the issue's "attention without causal masking"
         "no_causal_mask": (
             edited(
-                "ex7_7_code",
+                "kernels.flash_attention",
                 (
                     "                valid = valid & (offs_n[None, :] <= offs_m[:, None])\n",
                     "                pass\n",
@@ -319,12 +306,12 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
         ),
         # the issue's "wrong rescale of the running sum"
         "running_sum_not_rescaled": (
-            edited("ex7_7_code", ("l_i = l_i * alpha + tl.sum(p, axis=1)", "l_i = l_i + tl.sum(p, axis=1)")),
+            edited("kernels.flash_attention", ("l_i = l_i * alpha + tl.sum(p, axis=1)", "l_i = l_i + tl.sum(p, axis=1)")),
             "rescaled by",
         ),
         "accumulator_not_rescaled": (
             edited(
-                "ex7_7_code",
+                "kernels.flash_attention",
                 (
                     "acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
                     "acc = tl.dot(p.to(v.dtype), v, acc)",
@@ -334,7 +321,7 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
         ),
         "keys_past_sk_score_zero": (
             edited(
-                "ex7_7_code",
+                "kernels.flash_attention",
                 (
                     "            valid = offs_n[None, :] < seq_k\n",
                     "            valid = offs_n[None, :] >= 0\n",
@@ -344,19 +331,19 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
         ),
         "causal_mask_hides_the_diagonal": (
             edited(
-                "ex7_7_code", ("(offs_n[None, :] <= offs_m[:, None])", "(offs_n[None, :] < offs_m[:, None])")
+                "kernels.flash_attention", ("(offs_n[None, :] <= offs_m[:, None])", "(offs_n[None, :] < offs_m[:, None])")
             ),
             "keep the diagonal",
         ),
         "no_softmax_scale": (
-            edited("ex7_7_code", ("o, 1.0 / math.sqrt(D), *q.stride()", "o, 1.0, *q.stride()")),
+            edited("kernels.flash_attention", ("o, 1.0 / math.sqrt(D), *q.stride()", "o, 1.0, *q.stride()")),
             "not scaled",
         ),
     },
-    "ch07.custom_op": {
+    "kernels.custom_op": {
         "fake_stats_keep_a_dim": (
             edited(
-                "ex7_8_code",
+                "kernels.custom_op",
                 (
                     "x.new_empty(m, dtype=torch.float32),\n            x.new_empty(m, dtype=torch.float32))",
                     "x.new_empty(m, 1, dtype=torch.float32),\n            x.new_empty(m, 1, dtype=torch.float32))",
@@ -366,7 +353,7 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
         ),
         "fake_stats_in_the_input_dtype": (
             edited(
-                "ex7_8_code",
+                "kernels.custom_op",
                 (
                     "x.new_empty(m, dtype=torch.float32),\n            x.new_empty(m, dtype=torch.float32))",
                     "x.new_empty(m), x.new_empty(m))",
@@ -376,17 +363,17 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
         ),
         "no_autograd_registration": (
             edited(
-                "ex7_8_code", ("layer_norm_op.register_autograd(backward, setup_context=setup_context)", "")
+                "kernels.custom_op", ("layer_norm_op.register_autograd(backward, setup_context=setup_context)", "")
             ),
             "register_autograd",
         ),
         "backward_swaps_dweight_and_dbias": (
-            edited("ex7_8_code", ("return dx, dw, db, None", "return dx, db, dw, None")),
+            edited("kernels.custom_op", ("return dx, dw, db, None", "return dx, db, dw, None")),
             "gradients",
         ),
         "backward_launches_the_kernel_directly": (
             edited(
-                "ex7_8_code",
+                "kernels.custom_op",
                 (
                     "dx, dw, db = layer_norm_backward_op(dy.contiguous(), x, weight, mean, rstd)",
                     "dx, dw, db = layer_norm_backward(dy.contiguous(), x, weight, mean, rstd)",
@@ -398,10 +385,10 @@ def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
 }
 
 GPU_BUGGY = {
-    "ch07.matmul": {
+    "kernels.matmul": {
         "dot_on_blocks_of_8": (
             edited(
-                "ex7_6_code",
+                "kernels.matmul",
                 (
                     "    MATMUL_CONFIGS = [_mm_config(128, 256, 64, 8, 3, 8)",
                     "    MATMUL_CONFIGS = [_mm_config(32, 32, 8, 4, 1, 4)]\n"
@@ -411,10 +398,10 @@ GPU_BUGGY = {
             "CompilationError",
         ),
     },
-    "ch07.flash_attention": {
+    "kernels.flash_attention": {
         "key_blocks_of_8": (
             edited(
-                "ex7_7_code",
+                "kernels.flash_attention",
                 (
                     "for bm, bn, s, w in [(128, 64, 3, 4),",
                     "for bm, bn, s, w in [(32, 8, 1, 4)]] or [0 for bm, bn, s, w in [(128, 64, 3, 4),",

@@ -1,22 +1,19 @@
-"""Helpers for testing chapter 7's checkers: answer cells that define ``@triton.jit`` kernels.
+"""Helpers for testing the kernels chapter's checkers: answer cells that define ``@triton.jit`` kernels.
 
 ``triton.jit`` reads its function's source (``inspect.getsource``), which Python finds only for code
 whose "file" is in ``linecache``. IPython registers every notebook cell there, and so does the grading
-sandbox's runtime; ``ptinternals.grading.testing.namespace_with`` does not (chapter 1 needed nothing of
+sandbox's runtime; ``ptinternals.grading.testing.namespace_with`` does not (the strides chapter needed nothing of
 the kind), so these helpers do, and also run the locked setup cell, which imports torch and triton.
 """
 
 from __future__ import annotations
 
 import linecache
-from pathlib import Path
-
-import nbformat
 
 from ptinternals.grading import CheckFailure, check, load_chapter
-from ptinternals.grading.testing import ROOT, answer_sources
+from ptinternals.grading.testing import answer_sources
 
-CHAPTER = load_chapter("ch07")
+CHAPTER = load_chapter("kernels")
 
 
 def run_cell(source: str, filename: str, ns: dict) -> None:
@@ -32,19 +29,6 @@ def namespace(replace: dict[str, str] | None = None, sources: dict[str, str] | N
     for gid, src in sources.items():
         run_cell((replace or {}).get(gid, src), f"<{gid}>", ns)
     return ns
-
-
-def student_sources() -> dict[str, str]:
-    """``{grade_id: source}`` of the setup and answer cells of the released (student) notebook."""
-    nb = nbformat.read(
-        Path(ROOT) / "notebooks" / CHAPTER.assignment / f"{CHAPTER.assignment}.ipynb", as_version=4
-    )
-    out = {}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "setup"):
-            out[meta["grade_id"]] = cell.source
-    return out
 
 
 def answer_cell_of(exercise_id: str) -> str:

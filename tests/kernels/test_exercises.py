@@ -1,12 +1,12 @@
-"""Tests of the tests: chapter 7's checkers accept the solution, call the stubs "not implemented", and
+"""Tests of the tests: the kernels chapter's checkers accept the solution, call the stubs "not implemented", and
 reject every known bug with a message that names the cause."""
 
 import pytest
 import torch
 
+from ptinternals.checks.kernels import PerfTarget, compare_perf, grouped_order
+from ptinternals.checks.probes import kernels as probe
 from ptinternals.grading import check
-from ptinternals.grading.probes import kernels as probe
-from ptinternals.kernels.exercises import PerfTarget, compare_perf, grouped_order
 
 from .buggy import GPU_BUGGY
 from .exercises_testing import CHAPTER, namespace, rejects

@@ -1,4 +1,4 @@
-"""Chapter 7 through the trusted grading boundary: the sandbox runs the Triton kernels (the interpreter on
+"""The kernels chapter through the trusted grading boundary: the sandbox runs the Triton kernels (the interpreter on
 the CPU), a kernel that kills its process costs only its own exercise, and bank bugs pasted into a
 notebook are graded with the same teaching messages as in the student's kernel."""
 
@@ -76,32 +76,32 @@ def add(x, y):
     return out
 """
     report = grade(
-        with_answer({"ex7_1_code": wild}),
+        with_answer({"add_code": wild}),
         tmp_path,
-        only={"ch07.add", "ch07.softmax", "ch07.grouped_tile_order"},
+        only={"kernels.add", "kernels.softmax", "kernels.grouped_tile_order"},
     )
     by_id = {e.id: e for e in report.exercises}
-    assert by_id["ch07.add"].category == "crashed", by_id[
-        "ch07.add"
+    assert by_id["kernels.add"].category == "crashed", by_id[
+        "kernels.add"
     ].message  # "exited with status 139" in bwrap
-    assert by_id["ch07.softmax"].passed and by_id["ch07.grouped_tile_order"].passed
-    assert report.sandbox_runs == 2 and any("ch07.add" in e for e in report.events)
+    assert by_id["kernels.softmax"].passed and by_id["kernels.grouped_tile_order"].passed
+    assert report.sandbox_runs == 2 and any("kernels.add" in e for e in report.events)
 
 
 @pytest.mark.parametrize(
     "ex_id, bug",
     [
-        ("ch07.add", "no_mask_on_last_block"),
-        ("ch07.softmax", "no_max_subtraction"),
-        ("ch07.layer_norm_forward", "unbiased_variance"),
-        ("ch07.flash_attention", "running_sum_not_rescaled"),
+        ("kernels.add", "no_mask_on_last_block"),
+        ("kernels.softmax", "no_max_subtraction"),
+        ("kernels.layer_norm_forward", "unbiased_variance"),
+        ("kernels.flash_attention", "running_sum_not_rescaled"),
     ],
 )
 def test_bank_bugs_pasted_into_the_notebook_are_graded_with_the_same_message(ex_id, bug, tmp_path):
     source, expect = BUGGY[ex_id][bug]
     report = grade(
-        with_answer({answer_cell_of(ex_id): source}), tmp_path, only={ex_id, "ch07.grouped_tile_order"}
+        with_answer({answer_cell_of(ex_id): source}), tmp_path, only={ex_id, "kernels.grouped_tile_order"}
     )
     by_id = {e.id: e for e in report.exercises}
     assert not by_id[ex_id].passed and by_id[ex_id].category == "wrong" and expect in by_id[ex_id].message
-    assert by_id["ch07.grouped_tile_order"].passed
+    assert by_id["kernels.grouped_tile_order"].passed

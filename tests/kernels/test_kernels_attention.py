@@ -1,4 +1,4 @@
-"""Flash attention forward and backward (chapter 7, exercise "flash-attention forward")."""
+"""Flash attention forward and backward (the kernels chapter, exercise "flash-attention forward")."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""The layer-norm kernel as a torch.library custom op (chapter 7, exercise "custom op")."""
+"""The layer-norm kernel as a torch.library custom op (the kernels chapter, exercise "custom op")."""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""Layer norm forward and backward (chapter 7, exercises "layernorm forward/backward")."""
+"""Layer norm forward and backward (the kernels chapter, exercises "layernorm forward/backward")."""
 import pytest
 import torch
 import torch.nn.functional as F

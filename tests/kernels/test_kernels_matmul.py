@@ -1,4 +1,4 @@
-"""Blocked matmul with grouped ordering (chapter 7, exercise "matmul")."""
+"""Blocked matmul with grouped ordering (the kernels chapter, exercise "matmul")."""
 import pytest
 import torch
 from hypothesis import given, settings

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from ptinternals.benchmark import Measurement, Peaks
 from ptinternals.kernels import costs
 from ptinternals.kernels.inductor import triton_kernel_names, triton_kernel_source
-from ptinternals.viz.roofline import roofline_figure
+from ptinternals.viz.kernels import roofline_figure
 
 from .kernels_testing import DEVICE
 

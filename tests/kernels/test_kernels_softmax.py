@@ -1,4 +1,4 @@
-"""Fused and online softmax (chapter 7, exercise "softmax"): vs torch on awkward shapes and strides."""
+"""Fused and online softmax (the kernels chapter, exercise "softmax"): vs torch on awkward shapes and strides."""
 import pytest
 import torch
 from hypothesis import given, settings

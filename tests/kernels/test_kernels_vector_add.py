@@ -1,4 +1,4 @@
-"""Vector add (chapter 7, exercise "add"): vs torch, masked tails, strides, errors."""
+"""Vector add (the kernels chapter, exercise "add"): vs torch, masked tails, strides, errors."""
 import pytest
 import torch
 from hypothesis import given, settings

@@ -57,7 +57,7 @@ def test_widget_click_records_and_first_answer_counts(tmp_path, monkeypatch):
 
     from ptinternals.quiz.widget import _widget_question
 
-    bank = load_bank("ch01_strides")
+    bank = load_bank("strides")
     q2 = bank.question("q2")  # mc, right answer is option 1
     box = _widget_question(bank, q2, w)
     radio, button, feedback = box.children[1], box.children[2].children[0], box.children[3]
@@ -67,9 +67,9 @@ def test_widget_click_records_and_first_answer_counts(tmp_path, monkeypatch):
     radio.value = 1
     button.click()
     assert "Correct" in feedback.value and "first answer is the one that counts" in feedback.value
-    recorded = read_answers(answers_path("ch01_strides"))
+    recorded = read_answers(answers_path("strides"))
     assert [a["answer"] for a in recorded["q2"]] == ["0", "1"]
-    grade = grade_answers(bank, answers_path("ch01_strides"))
+    grade = grade_answers(bank, answers_path("strides"))
     assert grade.score == 0 and grade.answered == 1  # the first (wrong) answer counts
 
 
@@ -79,28 +79,28 @@ def test_text_question_widget(tmp_path, monkeypatch):
 
     from ptinternals.quiz.widget import _widget_question
 
-    bank = load_bank("ch01_strides")
+    bank = load_bank("strides")
     box = _widget_question(bank, bank.question("q1"), w)
     box.children[1].value = "(1, 12, 4)"
     box.children[2].children[0].click()
     assert "Correct" in box.children[3].value
-    assert grade_answers(bank, answers_path("ch01_strides")).score == 1
+    assert grade_answers(bank, answers_path("strides")).score == 1
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 99}), json.dumps([1, 2]),
                                      json.dumps({"format": 1, "answers": {"q1": "oops"}}), "x" * (2 << 20)])
 def test_damaged_answers_files_read_as_no_answers(tmp_path, content):
-    path = tmp_path / "ch01_strides.answers.json"
+    path = tmp_path / "strides.answers.json"
     path.write_text(content)
-    grade = grade_answers(load_bank("ch01_strides"), path)
+    grade = grade_answers(load_bank("strides"), path)
     assert grade.score == 0
 
 
 def test_record_is_atomic_and_keeps_earlier_answers(tmp_path):
     for a in ["0", "1", "2"]:
-        record_answer("ch01_strides", "q4", "mc", int(a), folder=tmp_path)
+        record_answer("strides", "q4", "mc", int(a), folder=tmp_path)
     files = os.listdir(tmp_path)
-    assert files == ["ch01_strides.answers.json"]  # no temporary file left behind
+    assert files == ["strides.answers.json"]  # no temporary file left behind
     assert [a["answer"] for a in read_answers(tmp_path / files[0])["q4"]] == ["0", "1", "2"]
 
 
@@ -109,6 +109,6 @@ def test_static_quiz_is_self_contained(monkeypatch):
     monkeypatch.setenv("PTINTERNALS_REPO", str(ROOT))
     from ptinternals.quiz.widget import show_quiz
 
-    html = show_quiz("ch01_strides", "q1", "q2")._repr_html_()
+    html = show_quiz("strides", "q1", "q2")._repr_html_()
     assert "<script" in html and "cdn.jsdelivr" not in html and "http" not in html.split("<style>")[0]
     assert "content_root" in html  # MathJax is loaded from the book itself if a question needs it

@@ -1,11 +1,11 @@
-"""Known-buggy implementations of chapter 1's exercises: each one must be rejected by its checker.
+"""Known-buggy implementations of the strides chapter's exercises: each one must be rejected by its checker.
 
 Each bug is a mistake students really make; the test also checks that the failure message names a
 likely cause where the checker has one (``expect`` words).
 """
 
 BUGGY = {
-    "ch01.contiguous_strides": {
+    "strides.contiguous_strides": {
         "reversed": ("""
 def contiguous_strides(shape):
     out, running = [], 1
@@ -33,7 +33,7 @@ def contiguous_strides(shape):
     return tuple(out)
 """, "AFTER dim k"),
     },
-    "ch01.storage_index": {
+    "strides.storage_index": {
         "ignores_offset": ("""
 def storage_index(index, shape, strides, storage_offset):
     for i, s in zip(index, shape):
@@ -53,7 +53,7 @@ def storage_index(index, shape, strides, storage_offset):
     return storage_offset + sum(i * st for i, st in zip(index, strides))
 """, "negative indices"),
     },
-    "ch01.is_contiguous": {
+    "strides.is_contiguous": {
         "size_one_not_skipped": ("""
 def is_contiguous(shape, strides):
     if 0 in shape:
@@ -82,7 +82,7 @@ def is_contiguous(shape, strides):
     return nonunit == sorted(nonunit, reverse=True)
 """, None),
     },
-    "ch01.view_strides": {
+    "strides.view_strides": {
         "ignores_size_one_dims": ("""
 def view_strides(shape, strides, new_shape):
     # the plausible bug from the issue: a size-1 old dim is allowed to end a chunk
@@ -121,7 +121,7 @@ def view_strides(shape, strides, new_shape):
     return contiguous_strides(new_shape)
 """, "straddle"),
     },
-    "ch01.expand_strides": {
+    "strides.expand_strides": {
         "keeps_stride": ("""
 def expand_strides(shape, strides, target):
     lead = len(target) - len(shape)
@@ -157,7 +157,7 @@ def expand_strides(shape, strides, target):
     return tuple(target), tuple(out_s)
 """, None),
     },
-    "ch01.slice_view": {
+    "strides.slice_view": {
         "step_not_in_stride": ("""
 def slice_view(shape, strides, offset, dim, start, stop, step):
     start, stop, step = slice(start, stop, step).indices(shape[dim])
@@ -185,7 +185,7 @@ def slice_view(shape, strides, offset, dim, start, stop, step):
     return tuple(s), tuple(st), offset + start * strides[dim]
 """, None),
     },
-    "ch01.sliding_windows": {
+    "strides.sliding_windows": {
         "uses_unfold": ("""
 def sliding_windows(x, size, step):
     return x.unfold(-1, size, step)
@@ -216,7 +216,7 @@ def sliding_windows(x, size, step):
     return x.as_strided((*lead, count, size), (*ls, step, 1), x.storage_offset())
 """, None),
     },
-    "ch01.im2col": {
+    "strides.im2col": {
         "assumes_contiguous": ("""
 def im2col(x, kernel_size, stride):
     kh, kw = kernel_size

@@ -1,4 +1,4 @@
-"""Chapter 4: the CUDA caching allocator, as a faithful Python model of c10/cuda/CUDACachingAllocator.cpp.
+"""The allocator chapter: the CUDA caching allocator, as a faithful Python model of c10/cuda/CUDACachingAllocator.cpp.
 
 Modules (each names the C++ it mirrors):
 
@@ -19,7 +19,7 @@ Modules (each names the C++ it mirrors):
     importer     recorded GPU device traces -> model traces
     recorder     GPU only: record_trace_on_gpu, compare_fidelity, replay_on_gpu, compare_replay
                  (``python -m ptinternals.allocator.recorder --out DIR`` runs the fidelity check)
-    exercises    chapter 4's graded exercises 4.1-4.9 (checkers, cases, likely causes)
+    (its graded exercises live in ptinternals.checks.allocator: checkers, cases, likely causes)
 """
 
 from .allocator import CachingAllocator, OutOfMemoryError

@@ -12,7 +12,7 @@ again, as the real driver tends to do). To replay a trace recorded on a real GPU
 addresses (the allocator breaks ties between equal-size free blocks by address), pass
 ``address_oracle``: the (address, size) of each recorded cudaMalloc, handed out in order per size.
 
-The exercises of chapter 4 use it too (it is importable while grading, see ``scaffold``), so a
+The exercises of the allocator chapter use it too (it is importable while grading, see ``scaffold``), so a
 student's allocator gets exactly the addresses the reference model gets.
 """
 

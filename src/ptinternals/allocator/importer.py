@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .allocator import CachingAllocator
-from .config import AllocatorConfig, GiB
+from .config import AllocatorConfig
 from .device import DeviceMemory
 from .snapshot import PENDING_STREAM_BASE, restore_segments
 from .trace import ReplayResult, replay
@@ -193,10 +193,6 @@ def insert_step_markers(imported: ImportedTrace, boundaries: list[int]) -> list[
         trace.append(("step", k))
         k += 1
     return trace
-
-
-def default_capacity(recording: dict) -> int:
-    return int(recording.get("total_memory") or 80 * GiB)
 
 
 def segment_layout(segments: list[dict], device: int | None = None) -> list[tuple]:

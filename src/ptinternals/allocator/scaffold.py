@@ -1,4 +1,4 @@
-"""What chapter 4's exercises build on: the allocator's constants, block states, a segment type, the
+"""What the allocator chapter's exercises build on: the allocator's constants, block states, a segment type, the
 trace format and the fragmenting workload. No allocator logic lives here.
 
 This module is importable while grading (``Chapter.sandbox_files``), together with
@@ -84,7 +84,7 @@ class Segment:
         return sum(size for _, size, _ in self.blocks)
 
 
-# ---- exercise 4.8: a workload that fragments ---------------------------------------------------
+# ---- exercise allocator.fix_fragmentation: a workload that fragments ---------------------------------------------------
 FRAGMENTATION_CAPACITY = 1 * GiB  # the GPU the fragmenting trace runs out of memory on
 
 

@@ -1,12 +1,12 @@
-"""Chapter 5, mixed precision (AMP).
+"""The amp chapter, mixed precision (AMP).
 
-- ``formats``: fp32/tf32/bf16/fp16/fp8 layouts, ``decompose``, ``encode``/``decode`` (exercises 5.1, 5.2)
-- ``rounding``: fp32 -> bf16/fp16 by integer ops, bit-exact vs ``tensor.to`` (exercises 5.3, 5.4)
+- ``formats``: fp32/tf32/bf16/fp16/fp8 layouts, ``decompose``, ``encode``/``decode`` (exercises amp.decode, amp.decompose)
+- ``rounding``: fp32 -> bf16/fp16 by integer ops, bit-exact vs ``tensor.to`` (exercises amp.fp32_to_bf16_bits, amp.fp32_to_fp16_bits)
 - ``autocast_policy`` / ``inspector``: autocast's cast lists and a dispatch mode that shows the
-  dtype every op ran in (exercise 5.5: predict the dtype of each layer)
-- ``scaler_kernels``: ``update_scale`` and the unscale/inf-check kernel (exercise 5.6)
-- ``grad_scaler``: ``GradScaler`` from scratch, equal to ``torch.amp.GradScaler`` (exercise 5.7)
-- ``trainer``: manual mixed precision with fp32 master weights (exercises 5.8, 5.9) and its autocast
+  dtype every op ran in (exercise amp.predict_dtypes: predict the dtype of each layer)
+- ``scaler_kernels``: ``update_scale`` and the unscale/inf-check kernel (exercise amp.update_scale)
+- ``grad_scaler``: ``GradScaler`` from scratch, equal to ``torch.amp.GradScaler`` (exercise amp.grad_scaler)
+- ``trainer``: manual mixed precision with fp32 master weights (exercises amp.amp_train, amp.amp_speed) and its autocast
   reference; ``scaffold``: the MLP it trains (visible to graded code: no solution inside)
 - ``exercises``: the graded exercises and their checkers
 """

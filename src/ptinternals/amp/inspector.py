@@ -1,6 +1,6 @@
 """See what autocast really did: a TorchDispatchMode that logs every aten op's input and output dtypes.
 
-Dispatch order (chapter 3): Autocast -> Autograd -> ... -> Python (where TorchDispatchMode lives)
+Dispatch order (the dispatch chapter): Autocast -> Autograd -> ... -> Python (where TorchDispatchMode lives)
 -> the backend kernel. Autocast runs *above* the mode, so the mode sees the ops after autocast has
 rewritten them: the inserted casts (``_to_copy`` fp32 -> bf16), the matmuls with their low-precision
 inputs, and the composite ops already decomposed (``linear`` arrives as ``t`` + ``addmm``). It also
@@ -15,7 +15,7 @@ with forward hooks; ``ProbeNet`` is the small model the chapter's prediction exe
 ``predict_probe_dtypes`` derives the answer from ``autocast_policy`` (the reference solution).
 
 Mirrors torch/utils/_python_dispatch.py (TorchDispatchMode) and the Autocast keys of
-c10/core/DispatchKey.h; self-contained so the chapter does not depend on chapter 3's package.
+c10/core/DispatchKey.h; self-contained so the chapter does not depend on the dispatch chapter's package.
 """
 
 from __future__ import annotations

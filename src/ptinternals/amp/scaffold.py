@@ -1,7 +1,7 @@
-"""Chapter 5 scaffolding: the small MLP that the mixed-precision exercises train (no solution inside).
+"""The amp chapter scaffolding: the small MLP that the mixed-precision exercises train (no solution inside).
 
 Graded code may import this module (it is listed in the chapter's ``sandbox_files``), so it holds only
-the model, its initialisation and its data: the training loop is the student's (exercise 5.8) and the
+the model, its initialisation and its data: the training loop is the student's (exercise amp.amp_train) and the
 reference's (``ptinternals.amp.trainer``). It imports nothing from the reference package.
 
     x (B, d_in) fp32 --Linear w1 (d_hidden, d_in), b1--> (B, d_hidden) --ReLU--> --Linear w2, b2--> (B, d_out)
@@ -84,3 +84,51 @@ def make_regression_data(
         y = 3.0 * mlp_forward(teacher, x) + 0.01 * torch.randn(batch_size, cfg.d_out, generator=g)
         data.append((x.to(device), y.to(device)))
     return data
+
+
+# ---- the GradScaler driver: what the notebook demonstrates and the grader runs on a student's class ----
+def scaler_trajectory(make_scaler, params, script, lr: float = 0.1) -> dict:
+    """Run ``script`` with ``make_scaler()`` and SGD(lr) on fp32 copies of ``params``; record everything.
+
+    ``script`` is a list of steps; a step is ``{"micro": [[g for each param] per micro-batch],
+    "unscale": bool, "twice": bool}``. Each micro-batch's loss is ``sum((p.half().float() * g).sum())``,
+    so ``p.grad`` is S * g rounded through float16 (overflowing to inf past 65504, as a real fp16
+    backward does). ``unscale`` calls ``scaler.unscale_(opt)`` before ``step`` (as you do before
+    clipping); ``twice`` then calls it a second time, which must raise RuntimeError.
+    """
+    ps = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in params]
+    opt = torch.optim.SGD(ps, lr=lr)
+    n_steps = [0]
+    real_step = opt.step
+
+    def counted_step(*args, **kwargs):  # the scaler calls optimizer.step() only on good steps
+        n_steps[0] += 1
+        return real_step(*args, **kwargs)
+
+    opt.step = counted_step
+    scaler = make_scaler()
+    out = {"scales": [], "stepped": [], "params": [], "grads": [], "twice": []}
+    for spec in script:
+        out["scales"].append(float(scaler.get_scale()))
+        opt.zero_grad(set_to_none=True)
+        for grads in spec["micro"]:
+            loss = sum(((p.half().float()) * g).sum() for p, g in zip(ps, grads))
+            scaler.scale(loss).backward()
+        twice = "not asked"
+        if spec.get("unscale"):
+            scaler.unscale_(opt)
+            if spec.get("twice"):
+                try:
+                    scaler.unscale_(opt)
+                    twice = "no error"
+                except Exception as e:  # noqa: BLE001 - the type is the answer
+                    twice = type(e).__name__
+        before = n_steps[0]
+        scaler.step(opt)
+        scaler.update()
+        out["stepped"].append(n_steps[0] > before)
+        out["twice"].append(twice)
+        out["grads"].append([p.grad.detach().clone() if p.grad is not None else None for p in ps])
+        out["params"].append([p.detach().clone() for p in ps])
+    out["scales"].append(float(scaler.get_scale()))
+    return out

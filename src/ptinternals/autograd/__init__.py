@@ -1,4 +1,4 @@
-"""Chapter 2, "Autograd and custom Functions": a reverse-mode engine, custom Functions, checkpointing.
+"""The autograd chapter, "Autograd and custom Functions": a reverse-mode engine, custom Functions, checkpointing.
 
 The mini engine (torch/csrc/autograd): ``variable`` (Variable, SavedVariable, grad mode), ``node``
 (Node, AccumulateGrad), ``ops`` (forward ops that record nodes), ``formulas`` (each op's backward,
@@ -6,7 +6,7 @@ an exercise), ``engine`` (the backward pass, an exercise). ``scaffold`` is the s
 the first three (no formulas, no engine: what the grading sandbox ships); importing this package
 installs the reference formulas and engine into it.
 
-On real torch autograd: ``functions`` (custom ``torch.autograd.Function``s), ``probes`` (saved-tensor
+On real torch autograd: ``functions`` (custom ``torch.autograd.Function``s), ``saved_tensors`` (saved-tensor
 bytes), ``checkpoint`` (activation checkpointing from scratch), ``accumulation`` (gradient accumulation).
 """
 from .variable import Variable, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: I001 (first)
@@ -15,7 +15,7 @@ from .formulas import BACKWARD_FORMULAS, unbroadcast, use_formulas
 from .engine import backward, compute_dependencies, grad, use_backward
 from .functions import FakeQuantize, FusedGeLU, FusedSiLU, FusedSwiGLU, LogSumExp, StraightThroughRound
 from .functions import fake_quantize, fused_gelu, fused_silu, fused_swiglu, logsumexp, ste_round
-from .probes import saved_tensor_bytes, saved_tensors_log
+from .saved_tensors import saved_tensor_bytes, saved_tensors_log
 from .checkpoint import checkpoint, checkpoint_with_hooks
 from .accumulation import accumulate_grads
 

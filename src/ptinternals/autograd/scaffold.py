@@ -1,4 +1,4 @@
-"""The mini engine without its formulas and without its backward pass: what chapter 2's exercises build on.
+"""The mini engine without its formulas and without its backward pass: what the autograd chapter's exercises build on.
 
 Students write the two missing pieces (the backward formulas and the engine) and plug them in::
 

@@ -454,9 +454,5 @@ class SavedVariable:
     def release(self) -> None:
         self._variable = None
 
-    @property
-    def was_released(self) -> bool:
-        return self._variable is None
-
 
 from . import ops as _ops  # noqa: E402  (ops imports Variable from this module)

@@ -1,18 +1,18 @@
-"""Chapter 3: the dispatcher, ``__torch_dispatch__`` and ``torch.library``.
+"""The dispatch chapter: the dispatcher, ``__torch_dispatch__`` and ``torch.library``.
 
 Modules (each names the PyTorch source it mirrors):
 
     keys             DispatchKey order, the 64-bit DispatchKeySet, tensor and thread-local key sets
     operator_entry   an operator's dispatch table from its registrations (alias keys, fallbacks)
     dispatcher       predict_dispatch / explain_dispatch: which kernels run, in order   [exercise]
-    probes           probe operators that record the keys the real dispatcher ran (no solutions)
+    recorded_path    probe operators that record the keys the real dispatcher ran (no solutions)
     modes            OpLogger, MemoryTracker, HiddenCopyDetector, FunctionLogger
     flops            FlopCounter, a TorchDispatchMode counting FLOPs incl. CPU attention [exercise]
     tracing          AtenTracer / trace_forward_backward: the ATen graph of fwd+bwd      [exercise]
     quantized        QuantizedTensor, an int8 wrapper subclass that survives training    [exercise]
     custom_ops       ptinternals::fused_bias_gelu via torch.library.custom_op            [exercise]
     fake_memory      estimate_training_memory with FakeTensorMode                        [exercise]
-    exercises        the graded exercises of notebook ch03_dispatch (checked against real torch)
+    (its graded exercises are in ptinternals.checks.dispatch, checked against real torch)
 
 Importing this package registers ``ptinternals::fused_bias_gelu`` (once; re-registration replaces it).
 """

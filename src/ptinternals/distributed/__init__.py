@@ -1,4 +1,4 @@
-"""Chapter 6, data parallelism: collectives, DDP, ZeRO and FSDP built from torch.distributed primitives.
+"""The distributed chapter, data parallelism: collectives, DDP, ZeRO and FSDP built from torch.distributed primitives.
 
 Modules (each names the PyTorch source it mirrors):
 

@@ -29,7 +29,7 @@ torch/nn/parallel/distributed.py, in Python:
   ``grad=None``. The graph walk and the extra all-reduce are the cost of the flag.
 
 ``timeline`` records (event, time.perf_counter(), index) so one can see bucket all-reduces start
-before backward ends (``plot_ddp_timeline`` in ptinternals.viz.ring draws it).
+before backward ends (``plot_ddp_timeline`` in ptinternals.viz.distributed draws it).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What chapter 6's notebook runs inside real ranks (``run_ranks(tour, 3)``), and a hang to look at.
+"""What the distributed chapter's notebook runs inside real ranks (``run_ranks(tour, 3)``), and a hang to look at.
 
 Starting ranks costs seconds (each imports torch), so the notebook starts them once and
 :func:`tour` runs every demonstration of the chapter in that one launch, returning plain data the

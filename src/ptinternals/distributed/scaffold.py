@@ -1,4 +1,4 @@
-"""Scaffolding for chapter 6's exercises: the pieces they build on that are not the point.
+"""Scaffolding for the distributed chapter's exercises: the pieces they build on that are not the point.
 
 Importable in the grading sandbox as ``ptinternals.distributed.scaffold`` (``Chapter.sandbox_files``),
 so it must not import the chapter's reference modules, and it holds no solution.
@@ -7,7 +7,7 @@ so it must not import the chapter's reference modules, and it holds no solution.
   names (``all_gather_single``, ``reduce_scatter_single``) or, on torch 2.11, the old ones
   (``all_gather_into_tensor``, ``reduce_scatter_tensor``): same signature, same collective. They look
   the function up at each call, so tools that wrap ``torch.distributed`` (the grader's trace) see it.
-- ``TinyMLP`` and ``make_dataset``: the model and data of the torchrun trainer (Exercise 6.10).
+- ``TinyMLP`` and ``make_dataset``: the model and data of the torchrun trainer (Exercise distributed.train_resume).
 """
 from __future__ import annotations
 

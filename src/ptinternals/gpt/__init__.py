@@ -1,17 +1,17 @@
-"""Chapter 8, the capstone: a character-level GPT trained on tiny-shakespeare from the course's parts.
+"""The gpt chapter, the capstone: a character-level GPT trained on tiny-shakespeare from the course's parts.
 
 =================  ==============================================================================
 ``config``         ``GPTConfig``: one flat, typed config; presets ``cpu`` and ``gpu`` (nanoGPT's
                    shakespeare_char); ``apply_overrides`` (``--key=value``, type-checked)
 ``corpus``         the packaged corpus (sha256-checked), ``CharTokenizer``, 90/10 split, ``get_batch``
 ``model``          ``GPT`` (nanoGPT's model.py) with the ``kernels`` and ``checkpointing`` switches
-``ops``            chapter 7's Triton layer norm, softmax and flash attention as custom ops
+``ops``            the kernels chapter's Triton layer norm, softmax and flash attention as custom ops
 ``reference``      a plain functional forward on a state dict (the tests' and checker's reference)
 ``loop``           the training loop: lr schedule, evaluation, progress bar, sampling
 ``train``          the reference train step (AMP, GradScaler, clipping, DDP no_sync), ``train()``,
                    the CLI ``python -m ptinternals.gpt.train``
 ``checkpoint``     save/resume: model, optimizer, scaler, iteration, every rank's RNG streams
-``memory``         the first step's peak allocated/reserved bytes (CUDA stats, or chapter 4's model)
+``memory``         the first step's peak allocated/reserved bytes (CUDA stats, or the allocator chapter's model)
 ``scaffold``       what the capstone notebook's answers may import (config, corpus, loop)
 =================  ==============================================================================
 """

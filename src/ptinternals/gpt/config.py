@@ -16,10 +16,10 @@ Two presets (:data:`PRESETS`):
   beta2 0.99, no biases: 10.65 M parameters not counting position embeddings), plus bf16 autocast.
 
 The "course part" switches: ``kernels`` (Triton layer norm / softmax / flash attention as custom
-ops, chapter 7), ``amp`` (bf16 autocast on a GPU; ignored on the CPU, where bf16 matmuls are
-slower than fp32, chapter 5), ``ddp`` (this course's DistributedDataParallel, chapter 6),
-``checkpointing`` (activation checkpointing, chapter 2), ``memory_report`` (peak allocated and
-reserved bytes of a training step, chapter 4).
+ops, the kernels chapter), ``amp`` (bf16 autocast on a GPU; ignored on the CPU, where bf16 matmuls are
+slower than fp32, the amp chapter), ``ddp`` (this course's DistributedDataParallel, the distributed chapter),
+``checkpointing`` (activation checkpointing, the autograd chapter), ``memory_report`` (peak allocated and
+reserved bytes of a training step, the allocator chapter).
 """
 from __future__ import annotations
 

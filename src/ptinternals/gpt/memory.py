@@ -6,8 +6,8 @@ On a GPU the CUDA caching allocator keeps the numbers (c10/cuda/CUDACachingAlloc
 cache and the slack of rounding and splitting). Reset the peaks, run one step, read them.
 
 The CPU has no such allocator and ``torch.cuda.memory_*`` return 0. There the step is recorded
-with chapter 4's ``trace_allocations`` (a dispatch mode that sees every storage the step creates and
-frees) and replayed through chapter 4's model of the caching allocator, after ``alloc`` events for
+with the allocator chapter's ``trace_allocations`` (a dispatch mode that sees every storage the step creates and
+frees) and replayed through the allocator chapter's model of the caching allocator, after ``alloc`` events for
 the tensors alive before the step (parameters, gradients, optimizer state): the numbers a GPU
 with the same tensors would report, minus what kernels allocate out of sight (cuBLAS workspaces).
 The report says which of the two it is.
@@ -67,7 +67,7 @@ def measure_step_memory(step_fn, device, resident=()) -> tuple[object, dict]:
     prologue = [("alloc", f"resident{i}", n, 0) for i, n in enumerate(resident_sizes)]
     replayed = replay(prologue + trace, 1 << 50)                     # an ample device: never OOM
     report = {"source": ("CPU: no CUDA allocator here; the step's storages were recorded "
-                         "(allocator.trace_allocations) and replayed through chapter 4's model of "
+                         "(allocator.trace_allocations) and replayed through the allocator chapter's model of "
                          "CUDACachingAllocator"),
               "allocated_before": sum(resident_sizes),
               "peak_allocated": replayed.peak_allocated,

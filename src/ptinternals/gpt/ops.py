@@ -1,4 +1,4 @@
-"""Chapter 7's Triton kernels as PyTorch operators the GPT can call: the ``kernels`` switch.
+"""The kernels chapter's Triton kernels as PyTorch operators the GPT can call: the ``kernels`` switch.
 
 Each kernel becomes an opaque, registered operator (``torch.library.custom_op``, the pattern of
 ``ptinternals.kernels.custom_op``): a schema, a fake implementation (shapes only, so FakeTensorMode

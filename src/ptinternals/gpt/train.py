@@ -9,8 +9,8 @@
 The train step (nanoGPT's inner loop, with the course's parts where they act)::
 
     for each of grad_accum micro-batches:            DDP's no_sync() on all but the last: one
-        with autocast(bf16 / fp16):                   all-reduce per optimizer step (chapter 6)
-            loss = model(x, y)[1] / grad_accum        matmuls in low precision (chapter 5)
+        with autocast(bf16 / fp16):                   all-reduce per optimizer step (the distributed chapter)
+            loss = model(x, y)[1] / grad_accum        matmuls in low precision (the amp chapter)
         scaler.scale(loss).backward()                 x S for fp16; S = 1 (disabled) otherwise
     scaler.unscale_(optimizer)                        true gradients before clipping
     clip_grad_norm_(params, grad_clip)                the global norm, over every parameter
@@ -165,7 +165,7 @@ def train(config: GPTConfig) -> TrainResult:
         torch.manual_seed(config.seed)                        # same initial weights on every rank
         model = GPT(config).to(dev)
         optimizer = model.configure_optimizers(dev.type)
-        from ..amp import GradScaler  # chapter 5's, same API as torch.amp's
+        from ..amp import GradScaler  # the amp chapter's, same API as torch.amp's
 
         scaler = GradScaler(dev.type, enabled=amp_dtype == torch.float16)
         batch_generator = torch.Generator().manual_seed(config.seed + rank)   # each rank its own windows

@@ -24,3 +24,18 @@ def draw(strategy: st.SearchStrategy, n: int) -> list:
 
     collect()
     return out
+
+
+def cases_from(build, *strategies: st.SearchStrategy) -> st.SearchStrategy:
+    """A strategy of cases: ``build(draw, *drawn)`` makes one from a value drawn from each strategy.
+
+    ``draw`` lets ``build`` draw more values that depend on the first ones (e.g. an index within a
+    drawn shape): ``draw(cases_from(lambda d, shape: Case((shape, d(st.integers(0, len(shape))))),
+    shapes), 50)``.
+    """
+
+    @st.composite
+    def one(draw_):
+        return build(draw_, *(draw_(s) for s in strategies))
+
+    return one()

@@ -81,9 +81,9 @@ def _init_worker(index_queue, course: Course, isolation: str, device: str, gpus:
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from .cli import _interpreter_without_gpu
+    from ..device import use_triton_interpreter_without_gpu
 
-    _interpreter_without_gpu()
+    use_triton_interpreter_without_gpu()
     import warnings
 
     warnings.filterwarnings("ignore", module="nbgrader")  # SQLAlchemy "not in session" noise from nbgrader

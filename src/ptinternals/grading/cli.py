@@ -1,12 +1,12 @@
 """``ptgrade``: the instructor's command line (and ``ptgrade validate`` for students).
 
     ptgrade doctor                           what this machine has and what grading will use
-    ptgrade release ch01_strides             register the assignment, write notebooks/ (nbgrader)
-    ptgrade collect ch01_strides --from DIR  import submissions (DIR/<student>/...), or --exchange, --zips
-    ptgrade autograde ch01_strides -j 2      grade in a sandbox, in parallel; reruns grade only what is missing
-    ptgrade feedback ch01_strides            HTML feedback without hidden tests
+    ptgrade release strides             register the assignment, write notebooks/ (nbgrader)
+    ptgrade collect strides --from DIR  import submissions (DIR/<student>/...), or --exchange, --zips
+    ptgrade autograde strides -j 2      grade in a sandbox, in parallel; reruns grade only what is missing
+    ptgrade feedback strides            HTML feedback without hidden tests
     ptgrade export --to grades.csv           the gradebook as CSV
-    ptgrade summary ch01_strides             pass rates, histogram, slowest, failures by category
+    ptgrade summary strides             pass rates, histogram, slowest, failures by category
     ptgrade validate my_notebook.ipynb       (students) is every test cell still there and unchanged?
 
 Exit codes: 0 success; 1 some submissions could not be graded or validation found problems;
@@ -47,8 +47,13 @@ def _assignments(root: Path) -> list[str]:
 
 
 def _check_assignment(root: Path, name: str) -> str:
+    from ..course import RENAMED
+
     known = _assignments(root)
     if name not in known:
+        if name in RENAMED:
+            raise UsageError(f"assignment {name!r} is now called {RENAMED[name]!r} (chapters are named by slug, "
+                             f"not number; see 'Names' in book/instructors.md)")
         raise UsageError(f"unknown assignment {name!r}; known: {', '.join(known) or 'none'}")
     return name
 
@@ -330,19 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _interpreter_without_gpu() -> None:
-    """Without a GPU, Triton must run in its interpreter, and the switch must be on before anything
-    imports ``triton.language`` (torch 2.13's optimizers do): set it first thing in a grading process."""
-    if "TRITON_INTERPRET" not in os.environ:
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ["TRITON_INTERPRET"] = "1"
-
-
 def main(argv=None) -> int:
     # nbgrader runs `alembic` (and the workers run nbgrader) from PATH: make this environment's bin first.
-    _interpreter_without_gpu()
+    from ..device import use_triton_interpreter_without_gpu
+
+    use_triton_interpreter_without_gpu()
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")

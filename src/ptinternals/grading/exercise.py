@@ -14,7 +14,9 @@ sandbox and calls :func:`evaluate` on the data that comes back.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import importlib.util
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,18 +24,6 @@ from typing import Any, Callable
 from . import _runtime
 from ._runtime import Raised, TensorInfo, Unsupported
 from .compare import close_tensors, describe, same_value
-
-# Which module holds each chapter's exercises. The key is the exercise-id prefix ("ch01.view_strides").
-CHAPTER_MODULES = {
-    "ch01": "ptinternals.strides.exercises",
-    "ch02": "ptinternals.autograd.exercises",
-    "ch03": "ptinternals.dispatch.exercises",
-    "ch04": "ptinternals.allocator.exercises",
-    "ch05": "ptinternals.amp.exercises",
-    "ch06": "ptinternals.distributed.exercises",
-    "ch07": "ptinternals.kernels.exercises",
-    "ch08": "ptinternals.gpt.exercises",
-}
 
 
 @dataclass
@@ -61,6 +51,11 @@ class Raises:
         return f"an exception ({' or '.join(self.types)}){': ' + self.why if self.why else ''}"
 
 
+# What an answer cell holds in the student's notebook (nbgrader's ClearSolutions stub, used by the notebook
+# build and the nbgrader configuration alike).
+ANSWER_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+
+
 class CheckFailure(AssertionError):
     """A check failed. ``category`` is one of: wrong, error, not-implemented, forbidden, missing,
     timeout, crashed, unsupported (the instructor's summary groups failures by it)."""
@@ -78,11 +73,9 @@ class NotImplementedYet(CheckFailure):
 class Exercise:
     """Subclass per exercise. Class attributes describe it; methods produce cases and judge results."""
 
-    id: str = ""  # "ch01.view_strides"
-    number: str = ""  # "1.4"
+    id: str = ""  # "<slug>.<name>", e.g. "strides.view_strides"
     title: str = ""  # "view: strides for a new shape, or None"
     entry: str = ""  # the name the student defines
-    grade_id: str = ""  # the nbgrader grade cell that records this exercise's score
     points: float = 1.0
     forbid: tuple[str, ...] = ()  # modules the solution must not use (e.g. ("torch",))
     timeout_s: float = 20.0  # for all cases of this exercise, in the sandbox
@@ -116,27 +109,81 @@ class Exercise:
         return None
 
     # ---- derived ----------------------------------------------------------------------------------
+    number: str = ""  # "1.4": set by its Chapter from the book's order (ptinternals.course)
+
+    @property
+    def local_id(self) -> str:
+        """The id without its chapter: "view_strides". It names the notebook's cells (``grade_id``)."""
+        return self.id.split(".", 1)[1]
+
+    @property
+    def grade_id(self) -> str:
+        """The nbgrader test cell that records this exercise's score: ``<local_id>_tests``."""
+        return f"{self.local_id}_tests"
+
+    @property
+    def answer_cell(self) -> str:
+        """The answer cell named after this exercise (``<local_id>_code``)."""
+        return f"{self.local_id}_code"
+
     @property
     def name(self) -> str:
-        return f"Exercise {self.number} ({self.entry})"
+        return f"Exercise {self.number} ({self.entry})" if self.number else f"Exercise {self.id} ({self.entry})"
 
     def all_cases(self, hidden: bool = True) -> list[Case]:
-        cases = list(self.visible_cases())
-        if hidden:
-            cases += [Case(c.args, c.kwargs, c.label, hidden=True) for c in self.hidden_cases()]
-        return cases
+        return self.cases_and_expected(hidden)[0]
+
+    def cases_and_expected(self, hidden: bool = True) -> tuple[list[Case], list[Any]]:
+        """The cases (visible, then hidden ones when ``hidden``) and their expected answers.
+
+        Drawn and computed once per process and exercise: the cases are deterministic (a derandomized
+        hypothesis), some expected answers are whole training runs, and the code under test only ever
+        sees copies of a case's arguments (they cross the sandbox's encoding), so reuse is safe. Every
+        caller (the notebook's ``check``, the trusted grader, the tests) goes through here.
+        """
+        memo = self.__dict__.setdefault("_cases_memo", {})
+        if "visible" not in memo:
+            cases = list(self.visible_cases())
+            memo["visible"] = (cases, [self.expected(c) for c in cases])
+        if hidden and "hidden" not in memo:
+            cases = [dataclasses.replace(c, hidden=True) for c in self.hidden_cases()]
+            memo["hidden"] = (cases, [self.expected(c) for c in cases])
+        parts = [memo["visible"]] + ([memo["hidden"]] if hidden else [])
+        return [c for cs, _ in parts for c in cs], [e for _, es in parts for e in es]
 
 
 @dataclass
 class Chapter:
-    """A chapter's graded notebook: its exercises, the locked cells graded code may rely on, its quiz."""
+    """A chapter's graded notebook: its exercises, the locked cells graded code may rely on, its quiz.
 
-    key: str  # "ch01"
-    assignment: str  # nbgrader assignment id == notebook name, e.g. "ch01_strides"
+    ``slug`` names everything of the chapter (``ptinternals.course``): the nbgrader assignment and its
+    notebook are ``<slug>``, exercise ids ``<slug>.<name>``. Exercise numbers ("1.4") are derived here
+    from the book's order and the exercise's position, never written down.
+    """
+
+    slug: str
     exercises: list[Exercise]
     setup_cells: tuple[str, ...] = ("setup",)  # grade_ids of locked cells run before the answers
     quiz_grade_id: str | None = "quiz"
     sandbox_files: tuple[str, ...] = ()  # scaffolding modules graded code may import, e.g. "autograd/scaffold.py"
+
+    def __post_init__(self):
+        from .. import course
+
+        if self.slug not in course.SLUGS:
+            raise ValueError(f"Chapter slug {self.slug!r} is not in ptinternals.course.CHAPTERS")
+        self.number = course.number(self.slug)
+        seen = set()
+        for i, ex in enumerate(self.exercises, 1):
+            if not ex.id.startswith(self.slug + ".") or ex.local_id in seen:
+                raise ValueError(f"exercise id {ex.id!r} must be '{self.slug}.<name>' and unique in the chapter")
+            seen.add(ex.local_id)
+            ex.number = f"{self.number}.{i}"
+
+    @property
+    def assignment(self) -> str:
+        """The nbgrader assignment id, which is also the notebook's name: the slug."""
+        return self.slug
 
     def exercise(self, exercise_id: str) -> Exercise:
         for ex in self.exercises:
@@ -144,17 +191,20 @@ class Chapter:
                 return ex
         raise KeyError(f"{self.assignment} has no exercise {exercise_id!r}; known: {[e.id for e in self.exercises]}")
 
-    def by_grade_id(self) -> dict[str, Exercise]:
-        return {ex.grade_id: ex for ex in self.exercises}
+
+def load_chapter(name: str) -> Chapter:
+    """The :class:`Chapter` of a slug ("strides") or an exercise id ("strides.view_strides"): its checks
+    module ``ptinternals.checks.<slug>``. An old numbered name raises with the new one."""
+    from ..course import slug_of
+
+    return importlib.import_module(f"ptinternals.checks.{slug_of(name)}").CHAPTER
 
 
-def load_chapter(key_or_assignment: str) -> Chapter:
-    """The :class:`Chapter` for "ch01" or "ch01_strides" (imports its exercises module)."""
-    key = key_or_assignment.split("_")[0].split(".")[0]
-    if key not in CHAPTER_MODULES:
-        raise KeyError(f"unknown chapter {key_or_assignment!r}; known: {sorted(CHAPTER_MODULES)}")
-    module = importlib.import_module(CHAPTER_MODULES[key])
-    return module.CHAPTER
+def graded_chapters() -> list[Chapter]:
+    """Every chapter with graded exercises, in book order."""
+    from ..course import SLUGS
+
+    return [load_chapter(s) for s in SLUGS if importlib.util.find_spec(f"ptinternals.checks.{s}") is not None]
 
 
 def get_exercise(exercise_id: str) -> Exercise:
@@ -309,8 +359,7 @@ def check(exercise_id: str, entry: Callable, *, hidden: bool = False, device: st
     if not callable(entry):
         raise CheckFailure(f"{ex.name}: expected the function/class `{ex.entry}`, got {describe(entry)}",
                            exercise=ex.id, category="missing")
-    cases = ex.all_cases(hidden=hidden)
-    expected = [ex.expected(c) for c in cases]  # before the student's code can touch the inputs
+    cases, expected = ex.cases_and_expected(hidden)  # expected: before the student's code touches the inputs
     t0 = time.perf_counter()
     results, status = run_in_process(ex, entry, cases, device)
     outcome = evaluate(ex, cases, results, expected, device=device, status=status, seconds=time.perf_counter() - t0)
@@ -322,4 +371,4 @@ def check(exercise_id: str, entry: Callable, *, hidden: bool = False, device: st
 
 
 __all__ = ["Case", "Chapter", "CheckFailure", "Exercise", "NotImplementedYet", "Outcome", "Raises", "TensorInfo",
-           "check", "evaluate", "get_exercise", "load_chapter"]
+           "check", "evaluate", "get_exercise", "graded_chapters", "load_chapter"]

@@ -178,6 +178,8 @@ def configure(c, root: str | os.PathLike) -> None:
         SaveAutoGrades,
     )
 
+    from .exercise import ANSWER_STUB
+
     root = str(Path(root).resolve())
     c.CourseDirectory.root = root
     c.RestoreDeletedCells.course_root = root
@@ -190,7 +192,7 @@ def configure(c, root: str | os.PathLike) -> None:
     c.CourseDirectory.feedback_directory = "autograder/feedback"
     c.CourseDirectory.db_url = normalize_db_url(os.environ.get("PTGRADE_DB_URL") or f"sqlite:///{root}/autograder/gradebook.db")
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*.tmp"]
-    c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+    c.ClearSolutions.code_stub = {"python": ANSWER_STUB}
     c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells,
                                           RestoreDeletedCells, CheckCellMetadata]
     c.Autograde.autograde_preprocessors = [TrustedGrade, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,

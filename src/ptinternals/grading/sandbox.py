@@ -42,7 +42,7 @@ ALLOWED_FILES = (
     "benchmark.py",
     "grading/__init__.py",
     "grading/_runtime.py",
-    "grading/probes/*.py",
+    "checks/probes/*.py",
 )
 
 UID_BASE = 61000  # worker k runs student code as uid UID_BASE + k (when the grader is root)

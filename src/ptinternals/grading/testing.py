@@ -6,6 +6,7 @@ also drive the end-to-end autograde tests (a bug is pasted into a student notebo
 """
 from __future__ import annotations
 
+import functools
 import linecache
 from pathlib import Path
 
@@ -22,14 +23,42 @@ def solution_notebook(assignment: str) -> nbformat.NotebookNode:
 
 def answer_sources(assignment: str, student: bool = False) -> dict[str, str]:
     """``{grade_id: source}`` of the setup and answer cells of the solution (or the student) notebook."""
+    return dict(_answer_sources(assignment, student))
+
+
+@functools.lru_cache(maxsize=None)
+def _answer_sources(assignment: str, student: bool) -> tuple[tuple[str, str], ...]:
     nb = (nbformat.read(ROOT / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4) if student
           else solution_notebook(assignment))
-    out = {}
+    out = []
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "setup"):
-            out[meta["grade_id"]] = cell.source
-    return out
+            out.append((meta["grade_id"], cell.source))
+    return tuple(out)
+
+
+def edited(exercise_id: str, *edits: tuple[str, str], cell: str | None = None) -> str:
+    """A known bug written as the solution plus an edit: the solution's answer cell for ``exercise_id``
+    (or the answer cell ``cell``) with each ``(old, new)`` replaced. ``old`` must occur exactly once, so
+    a bank fails loudly when the solution changes under it.
+
+    Banks write their bugs this way (``tests/<slug>/buggy.py``): the bug is the one edit a reader sees,
+    and it stays a complete replacement for the answer cell, which is what the end-to-end tests paste
+    into a notebook.
+    """
+    chapter = load_chapter(exercise_id)
+    gid = cell or chapter.exercise(exercise_id).answer_cell
+    sources = answer_sources(chapter.assignment)
+    if gid not in sources:
+        raise KeyError(f"{chapter.assignment} has no answer cell {gid!r}; known: {sorted(sources)}")
+    source = sources[gid]
+    for old, new in edits:
+        count = source.count(old)
+        if count != 1:
+            raise AssertionError(f"{gid}: the edit target occurs {count} times in the solution (expected once): {old!r}")
+        source = source.replace(old, new)
+    return source
 
 
 def namespace_with(assignment: str, replace: dict[str, str] | None = None, student: bool = False) -> dict:

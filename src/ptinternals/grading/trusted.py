@@ -124,24 +124,12 @@ def _progress(out_dir: Path) -> list[dict]:
     return events
 
 
-_CASES: dict = {}
-
-
-def cases_and_expected(ex: Exercise) -> tuple[list, list]:
-    """An exercise's cases and expected answers, computed once per grading process (they are
-    deterministic, and drawing ~100 hypothesis cases per exercise costs more than running them)."""
-    if ex.id not in _CASES:
-        cases = ex.all_cases(hidden=True)
-        _CASES[ex.id] = (cases, [ex.expected(c) for c in cases])
-    return _CASES[ex.id]
-
-
 def run_exercises(cells: list[dict], exercises: list[Exercise], config: SandboxConfig, report: NotebookReport,
                   cell_timeout_s: float = 30.0, extra_files: tuple[str, ...] = ()) -> dict[str, Outcome]:
     """Run ``exercises`` (one forbid-group) through the sandbox, retrying around crashes."""
     forbid = sorted({m for ex in exercises for m in ex.forbid})
-    cases = {ex.id: cases_and_expected(ex)[0] for ex in exercises}
-    expected = {ex.id: cases_and_expected(ex)[1] for ex in exercises}  # trusted, before any run
+    cases = {ex.id: ex.cases_and_expected()[0] for ex in exercises}
+    expected = {ex.id: ex.cases_and_expected()[1] for ex in exercises}  # trusted, before any run
     arrays: dict = {}
     job_exercises = []
     for ex in exercises:

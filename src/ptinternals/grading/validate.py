@@ -23,7 +23,7 @@ def validate_notebook(path: Path) -> list[str]:
     try:
         chapter = load_chapter(path.stem)
     except KeyError:
-        return [f"{path.name}: not a course notebook (the file name must stay e.g. ch01_strides.ipynb)"]
+        return [f"{path.name}: not a course notebook (the file name must stay e.g. strides.ipynb)"]
     cells = {}
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader") or {}

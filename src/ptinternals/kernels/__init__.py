@@ -1,4 +1,4 @@
-"""Chapter 7, Triton kernels: the kernels PyTorch runs for you, written by hand.
+"""The kernels chapter, Triton kernels: the kernels PyTorch runs for you, written by hand.
 
 ``common`` is imported first: on a machine without CUDA it turns the Triton interpreter on before
 any ``@triton.jit`` is defined. Then one module per kernel (named after the Triton tutorial it
@@ -12,11 +12,12 @@ follows), each a Triton kernel plus the torch-facing wrapper that checks inputs 
 ``attention``          flash attention forward (online softmax over K/V tiles, causal stages)
 ``attention_backward`` its backward: dK/dV and dQ kernels rebuilding P from the saved logsumexp
 ``custom_op``          a kernel as a real operator: ``torch.library.custom_op``, fake, autograd
-``costs``              bytes and FLOPs per kernel, the roofline (see ``ptinternals.viz.roofline``)
+``costs``              bytes and FLOPs per kernel, the roofline (see ``ptinternals.viz.kernels``)
 ``inductor``           reading the Triton code ``torch.compile`` generates (on the CPU too)
 ``offline_compile``    compiling for sm_90 without a GPU: shared memory, registers, wgmma
-``exercises``          the chapter's graded checks (imported by the grader, not here)
 =====================  ==========================================================================
+
+The chapter's graded checks live in ``ptinternals.checks.kernels`` (imported by the grader, not here).
 """
 from . import common  # noqa: F401  (sorts first, and must: it sets TRITON_INTERPRET before triton is imported)
 from .attention import flash_attention, flash_attention_forward

@@ -3,7 +3,7 @@
 A Triton kernel is one *program*; the launch grid runs many copies of it, each knowing only its
 ``tl.program_id``. Program ``pid`` owns elements ``[pid * BLOCK_SIZE, (pid + 1) * BLOCK_SIZE)``: it
 builds that block of offsets with ``tl.arange``, turns offsets into addresses with the strides (the
-same ``storage_offset + sum(index * stride)`` as chapter 1), and masks the lanes that fall past the
+same ``storage_offset + sum(index * stride)`` as the strides chapter), and masks the lanes that fall past the
 end, because the last block is usually partial (n = 1823 with BLOCK_SIZE = 1024: program 1 has 799
 live lanes and 225 past the end). Without the mask those lanes read and write past the allocation.
 
@@ -39,7 +39,7 @@ def add_kernel(
 
 
 def _as_vector(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D view of ``t`` with a single stride when one exists (chapter 1: ``view`` vs ``reshape``)."""
+    """A 1-D view of ``t`` with a single stride when one exists (the strides chapter: ``view`` vs ``reshape``)."""
     if t.dim() == 1:
         return t                                             # any stride, e.g. x[::3]
     try:

@@ -123,7 +123,7 @@ class Bank:
 def load_bank(chapter: str) -> Bank:
     """The compiled bank shipped in the package (``ptinternals/quiz/banks/<chapter>.json``)."""
     if not re.fullmatch(r"[a-z0-9_]+", chapter or ""):
-        raise ValueError(f"chapter must look like 'ch01_strides', got {chapter!r}")
+        raise ValueError(f"chapter must look like 'strides', got {chapter!r}")
     path = resources.files("ptinternals.quiz").joinpath("banks", f"{chapter}.json")
     if not path.is_file():
         raise FileNotFoundError(f"no quiz bank for {chapter!r} (expected {path})")

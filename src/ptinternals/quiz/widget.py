@@ -1,6 +1,6 @@
 """Showing quiz questions: ipywidgets in JupyterLab, a static self-check in the built book.
 
-``show_quiz("ch01_strides", "q1", "q2")`` displays those questions.
+``show_quiz("strides", "q1", "q2")`` displays those questions.
 
 * In a live kernel (JupyterLab), each question is an ipywidgets form. "Check" tells right or wrong
   at once (comparing salted hashes, so no answer key sits in the notebook), reveals the

@@ -1,4 +1,4 @@
-"""Chapter 1, "Storage, strides and views": the reference implementation.
+"""The strides chapter, "Storage, strides and views": the reference implementation.
 
 - :mod:`.meta`: the metadata algorithms as pure functions on tuples (contiguous strides, storage
   index, contiguity, ``view``'s computeStride, permute, expand, slicing, unfold).

@@ -1,4 +1,4 @@
-"""Figures for chapter 3 (the dispatcher): the path of one op through its keys, and a key set's bits.
+"""Figures for the dispatch chapter (the dispatcher): the path of one op through its keys, and a key set's bits.
 
 ``draw_dispatch_path(steps)`` takes ``ptinternals.dispatch.explain_dispatch(...)`` output (or plain key
 names) and stacks one box per kernel that ran, top to bottom, coloured by what the key is for, with the

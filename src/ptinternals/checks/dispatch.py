@@ -1,0 +1,889 @@
+"""The dispatch chapter's graded exercises: cases, expected answers from real torch, and likely causes.
+
+Where the truth comes from (never from this package's reference implementation):
+
+- dispatch.tensor_keys key sets: ``torch._C._dispatch_keys(t)`` of a real tensor built to the description;
+- dispatch.dispatch_path dispatch paths: probe operators whose Python kernels, registered at each dispatch key with
+  ``torch.library``, log the key the real dispatcher chose (``ptinternals.dispatch.recorded_path``);
+- dispatch.flop_counter FLOPs: ``torch.utils.flop_counter.FlopCounterMode``, taught the CPU attention kernels with
+  torch's own SDPA formulas (it counts them as 0 otherwise);
+- dispatch.graph_tracer graphs: the ops a logging TorchDispatchMode sees, and eager loss and gradients on new values;
+- dispatch.int8_tensor int8: ``torch.quantize_per_channel`` and a model whose weights are its dequantised values;
+- dispatch.custom_op the custom op: ``F.gelu`` and its autograd, ``opcheck``, ``torch.compile``;
+- dispatch.memory_estimate memory: the storages of a real run (CPU, or meta for models too big to allocate).
+"""
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+
+from ..grading._runtime import TensorInfo
+from ..grading.cases import draw
+from ..grading.compare import close_tensors, describe, same_value
+from ..grading.exercise import Case, Chapter, Exercise
+from .probes import dispatch as P
+
+aten = torch.ops.aten
+
+
+def _keys_of(got):
+    """A returned collection of key names as a list, or None when it is not one."""
+    if isinstance(got, (list, tuple)) and all(isinstance(k, str) for k in got):
+        return list(got)
+    return None
+
+
+# ================================================================================================
+# dispatch.tensor_keys the key set of a tensor
+# ================================================================================================
+def real_tensor(device="cpu", *, requires_grad=False, inference=False, subclass=None, functional=False,
+                conj=False, sparse=False) -> torch.Tensor:
+    """A real tensor matching a description (the fields of Exercise dispatch.tensor_keys)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..dispatch.recorded_path import ProbeWrapper
+
+    dtype = torch.complex64 if conj else torch.float32
+
+    def build():
+        with torch.inference_mode(inference):
+            t = torch.ones(2, 3, device=device, dtype=dtype)
+            if conj:
+                t = t.conj()  # a lazily conjugated view: the Conjugate key, no copy
+            if sparse:
+                t = t.to_sparse()
+        return t
+
+    if subclass == "fake":
+        with FakeTensorMode():
+            t = build()
+    else:
+        t = build()
+    if requires_grad:
+        t.requires_grad_(True)
+    if functional:
+        t = torch._to_functional_tensor(t)
+    if subclass == "wrapper":
+        t = ProbeWrapper(t)
+    return t
+
+
+def real_key_names(**desc) -> list[str]:
+    text = str(torch._C._dispatch_keys(real_tensor(**desc)))  # "DispatchKeySet(CPU, ADInplaceOrView, ...)"
+    return [k.strip() for k in text[len("DispatchKeySet("):-1].split(",") if k.strip()]
+
+
+@st.composite
+def tensor_descriptions(draw_):
+    """Descriptions real torch can build: cuda only as a FakeTensor, wrappers around plain dense tensors."""
+    subclass = draw_(st.sampled_from([None, None, "wrapper", "fake"]))
+    device = draw_(st.sampled_from(["cpu", "meta", "cuda"] if subclass == "fake" else ["cpu", "meta"]))
+    desc = {"device": device}
+    inference = subclass != "wrapper" and draw_(st.booleans())
+    if inference:
+        desc["inference"] = True
+    elif draw_(st.booleans()):
+        desc["requires_grad"] = True
+    if subclass:
+        desc["subclass"] = subclass
+    if subclass != "wrapper":
+        layout = draw_(st.sampled_from(["dense", "dense", "conj", "sparse"] if device == "cpu" else ["dense", "conj"]))
+        if layout == "conj":
+            desc["conj"] = True
+        elif layout == "sparse":
+            desc["sparse"] = True
+        if subclass is None and draw_(st.booleans()):
+            desc["functional"] = True
+    return desc
+
+
+class TensorKeys(Exercise):
+    id, entry, points = "dispatch.tensor_keys", "tensor_keys", 1
+    title = "the dispatch keys a tensor carries"
+    forbid = ("torch",)
+
+    def visible_cases(self):
+        return [Case((), {"device": "cpu"}, label="a plain CPU tensor"),
+                Case((), {"device": "cpu", "requires_grad": True}, label="requires_grad=True"),
+                Case((), {"device": "cpu", "inference": True}, label="made under torch.inference_mode()"),
+                Case((), {"device": "meta"}, label="a meta tensor: no data"),
+                Case((), {"device": "cuda", "subclass": "fake"}, label="a FakeTensor that says it lives on cuda"),
+                Case((), {"device": "cpu", "sparse": True}, label="a sparse COO tensor")]
+
+    def hidden_cases(self):
+        return [Case((), d) for d in draw(tensor_descriptions(), 60)]
+
+    def expected(self, case):
+        return sorted(real_key_names(**case.kwargs))
+
+    def compare(self, case, got, expected):
+        keys = _keys_of(got)
+        if keys is None:
+            return f"expected a list of key names like {expected}\n     got {describe(got)}"
+        if len(set(keys)) != len(keys):
+            return f"a key appears twice: {keys}"
+        missing, extra = sorted(set(expected) - set(keys)), sorted(set(keys) - set(expected))
+        if missing or extra:
+            return (f"expected the keys {expected}\n     got {sorted(keys)}"
+                    + (f"\n  missing: {missing}" if missing else "")
+                    + (f"\n  not in torch's set: {extra}" if extra else ""))
+        return None
+
+    def diagnose(self, case, got, expected):
+        keys = set(_keys_of(got) or ())
+        want = set(expected)
+        d = case.kwargs
+        if not d.get("inference") and want - keys >= {"ADInplaceOrView"} and not d.get("requires_grad"):
+            return ("every tensor made outside inference_mode carries ADInplaceOrView and Autograd<Backend>, "
+                    "even with requires_grad=False (TensorImpl.cpp: 'TODO: Ideally we only add AutogradBackend "
+                    "key when the tensor requires grad').")
+        if d.get("inference") and keys & {"ADInplaceOrView", "AutogradCPU", "AutogradMeta", "AutogradCUDA"}:
+            return "an inference tensor has neither ADInplaceOrView nor an Autograd key: that is what makes it cheap."
+        if "AutocastMeta" in keys:
+            return "there is no AutocastMeta key: only cpu and cuda (among these devices) have an Autocast key."
+        if {"AutocastCPU", "AutocastCUDA"} & (want - keys):
+            return "cpu and cuda tensors carry Autocast<Backend> (even inference tensors); autocast is off by " \
+                   "*excluding* that key in the thread-local set, not by leaving it off the tensor."
+        if "PythonTLSSnapshot" in want - keys:
+            return "a tensor subclass (wrapper or FakeTensor) carries both Python and PythonTLSSnapshot."
+        if d.get("sparse") and "Sparse" in keys:
+            return "the backend key of a sparse tensor is one name: functionality + device, e.g. 'SparseCPU'."
+        return None
+
+
+# ================================================================================================
+# dispatch.dispatch_path the dispatch path
+# ================================================================================================
+PROBE_OPS = ("probe", "probe_", "probe_factory")
+
+
+@lru_cache(maxsize=None)
+def fallthrough_keys(op: str) -> tuple[str, ...]:
+    """The keys whose kernel for probe op ``op`` is a fallthrough, read from torch's dispatch table."""
+    from ..dispatch.operator_entry import dispatch_table_from_torch
+    from ..dispatch.recorded_path import NAMESPACE, probe_op
+
+    probe_op(op)
+    table = dispatch_table_from_torch(f"{NAMESPACE}::{op}")
+    return tuple(sorted(k for k, kernel in table.items() if kernel.fallthrough))
+
+
+def path_case(op: str, tensors: list, *, label: str = "", **ctx) -> Case:
+    kwargs = {"fallthrough": list(fallthrough_keys(op))}
+    kwargs.update({k: v for k, v in ctx.items() if v not in (None, False, [], ())})
+    if "grad_mode" in ctx and ctx["grad_mode"] is False:
+        kwargs["grad_mode"] = False
+    return Case((tensors,), kwargs, label=f"{op}: {label}" if label else op)
+
+
+def _ctx_of(case: Case) -> dict:
+    return {k: v for k, v in case.kwargs.items() if k != "fallthrough"}
+
+
+def _op_of(case: Case) -> str:
+    return case.label.split(":")[0].strip()
+
+
+@st.composite
+def path_cases(draw_):
+    kind = draw_(st.sampled_from(["plain", "plain", "plain", "fake", "factory"]))
+    ctx = {"autocast": draw_(st.sampled_from([None, "cpu"])), "inference_mode": draw_(st.booleans())}
+    if draw_(st.booleans()):
+        ctx["grad_mode"] = False
+    if kind == "factory":
+        ctx["modes"] = draw_(st.sampled_from([[], ["python"]]))
+        ctx["factory_device"] = draw_(st.sampled_from([None, "cpu", "meta"]))
+        return path_case("probe_factory", [], label="a factory function", **ctx)
+    if kind == "fake":
+        device = draw_(st.sampled_from(["cpu", "cuda"]))
+        ctx["modes"] = ["fake"] + draw_(st.sampled_from([[], ["python"]]))
+        d = {"device": device, "subclass": "fake"}
+        return path_case("probe", [d, d], label="FakeTensors under FakeTensorMode", **ctx)
+    device = draw_(st.sampled_from(["cpu", "meta"]))
+    descs = []
+    for _ in range(2):
+        d = {"device": device}
+        choice = draw_(st.sampled_from(["plain", "grad", "inference", "wrapper"]))
+        if choice == "grad":
+            d["requires_grad"] = True
+        elif choice == "inference":
+            d["inference"] = True
+        elif choice == "wrapper":
+            d["subclass"] = "wrapper"
+        descs.append(d)
+    ctx["modes"] = draw_(st.sampled_from([[], [], ["python"], ["python", "python"]]))
+    op = draw_(st.sampled_from(["probe", "probe_"]))
+    return path_case(op, descs, label="out-of-place" if op == "probe" else "in-place", **ctx)
+
+
+class DispatchPath(Exercise):
+    id, entry, points = "dispatch.dispatch_path", "dispatch_path", 3
+    title = "predict the kernels that run, in order"
+    forbid = ("torch",)
+
+    def visible_cases(self):
+        cpu, grad = {"device": "cpu"}, {"device": "cpu", "requires_grad": True}
+        wrapper, fake = {"device": "cpu", "subclass": "wrapper"}, {"device": "cuda", "subclass": "fake"}
+        return [path_case("probe", [cpu, grad], label="a + b on the CPU"),
+                path_case("probe", [cpu, cpu], grad_mode=False, label="under torch.no_grad()"),
+                path_case("probe", [cpu, cpu], inference_mode=True, label="under torch.inference_mode()"),
+                path_case("probe_", [cpu, cpu], label="in-place: a.add_(b)"),
+                path_case("probe", [cpu, cpu], autocast="cpu", label="under torch.autocast('cpu')"),
+                path_case("probe", [cpu, cpu], modes=["python"], label="inside one TorchDispatchMode"),
+                path_case("probe", [cpu, cpu], modes=["python", "python"], label="inside two TorchDispatchModes"),
+                path_case("probe", [wrapper, cpu], label="a wrapper subclass meets a plain tensor"),
+                path_case("probe", [fake, fake], modes=["fake"], label="FakeTensors under FakeTensorMode"),
+                path_case("probe_factory", [], factory_device="meta", label="torch.empty(..., device='meta')")]
+
+    def hidden_cases(self):
+        return draw(path_cases(), 80)
+
+    def expected(self, case):
+        from ..dispatch.recorded_path import record_dispatch_path
+
+        tensors = case.args[0]
+        ctx = _ctx_of(case)
+        return record_dispatch_path(_op_of(case), *tensors, **ctx)
+
+    def compare(self, case, got, expected):
+        keys = _keys_of(got)
+        if keys is None:
+            return f"expected a list of key names like {expected}\n     got {describe(got)}"
+        if "PythonTLSSnapshot" in keys:
+            return "leave PythonTLSSnapshot out of the path (it only saves the TLS and passes on; the probes " \
+                   f"cannot see it)\n  expected {expected}\n       got {keys}"
+        return same_value(keys, expected)
+
+    def diagnose(self, case, got, expected):
+        keys = _keys_of(got) or []
+        ctx = _ctx_of(case)
+        tensors = case.args[0]
+        if ctx.get("grad_mode") is False and any(k.startswith("Autograd") for k in expected) and \
+                not any(k.startswith("Autograd") for k in keys):
+            return "torch.no_grad() changes no key set: the Autograd kernel still runs (it just records no graph)."
+        if ctx.get("inference_mode") and any(k.startswith("Autograd") for k in keys):
+            return "inference_mode adds the Autograd keys to the thread-local EXCLUDE set: they never run."
+        if "ADInplaceOrView" in keys and "ADInplaceOrView" not in expected:
+            return "drop the op's fallthrough keys from the key set before picking: ADInplaceOrView is a " \
+                   "fallthrough for out-of-place ops."
+        if ctx.get("autocast") and "AutocastCPU" in expected and keys[:1] != ["AutocastCPU"]:
+            return "torch.autocast('cpu') REMOVES AutocastCPU from the thread-local exclude set; the tensor " \
+                   "already carries the key, and Autocast ranks above Autograd."
+        if keys.count("AutocastCPU") > 1:
+            return "the autocast kernel calls the op again with its own key EXCLUDED, so it runs once."
+        if keys.count("Python") != expected.count("Python"):
+            if ctx.get("modes") and len(ctx["modes"]) > 1:
+                return "each TorchDispatchMode on the stack handles the op once: the innermost first, then, " \
+                       "when it calls func(*args), the next one out."
+            if any(t.get("subclass") == "wrapper" for t in tensors) and ctx.get("modes"):
+                return "after the modes, the tensor subclass's __torch_dispatch__ runs too (another Python step)."
+        if any(k.startswith("Autograd") for k in keys[keys.index("Python") + 1:] if "Python" in keys) and \
+                "Python" in keys:
+            return "inside __torch_dispatch__ every key ABOVE Python is excluded: func(*args) goes to the " \
+                   "kernels below Python (no second autograd or autocast step)."
+        if expected and expected[-1] == "Meta" and keys[-1:] != ["Meta"]:
+            return "FakeTensorMode runs the op's meta kernel: the path ends in Meta, whatever device the " \
+                   "fake tensors claim."
+        return None
+
+
+# ================================================================================================
+# dispatch.flop_counter FLOP counter
+# ================================================================================================
+def _cpu_sdpa_formulas():
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu:
+            lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v),
+        aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            lambda g, q, k, v, *a, out_shape=None, **kw: sdpa_backward_flop_count(g, q, k, v),
+    }
+
+
+def torch_flops(spec, backward: bool, *, cpu_attention: bool = True, attention_backward: str = "full") -> int:
+    """FlopCounterMode's count for the workload, with torch's SDPA formulas for the CPU kernels.
+
+    ``attention_backward``: "full" (the truth), or the wrong answers diagnose looks for: "zero" (the
+    backward kernel not counted) and "forward" (counted with the forward formula)."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    mapping = _cpu_sdpa_formulas() if cpu_attention else {}
+    if cpu_attention and attention_backward != "full":
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = (
+            (lambda g, q, k, v, *a, out_shape=None, **kw: 0) if attention_backward == "zero" else
+            (lambda g, q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v)))
+    w = P.make_workload(spec)
+    with FlopCounterMode(display=False, custom_mapping=mapping) as mode:
+        loss = w.loss()
+        if backward:
+            loss.backward()
+    return mode.get_total_flops()
+
+
+def flop_spec_label(spec, backward):
+    return f"{spec[0]} {spec[1:]}" + (", forward and backward" if backward else ", forward only")
+
+
+@st.composite
+def flop_cases(draw_):
+    dim = st.sampled_from([1, 2, 3, 5, 8, 13])
+    kind = draw_(st.sampled_from(["linear", "mlp", "bmm", "baddbmm", "conv2d", "attention", "attention", "block"]))
+    backward = draw_(st.booleans()) if kind != "conv2d" else False
+    if kind == "linear":
+        batch = tuple(draw_(st.lists(st.sampled_from([0, 1, 2, 3, 5]), max_size=2)))  # 0: an empty batch
+        spec = ("linear", batch, draw_(dim), draw_(dim), draw_(st.booleans()))
+    elif kind == "mlp":
+        spec = ("mlp", draw_(dim), draw_(dim), draw_(dim), draw_(dim))
+    elif kind in ("bmm", "baddbmm"):
+        spec = (kind, draw_(dim), draw_(dim), draw_(dim), draw_(dim))
+    elif kind == "conv2d":
+        groups = draw_(st.sampled_from([1, 2]))
+        spec = ("conv2d", draw_(st.sampled_from([1, 2])), 2 * groups, draw_(st.sampled_from([2, 4, 6])),
+                draw_(st.sampled_from([5, 8, 9])), draw_(st.sampled_from([1, 3])), draw_(st.sampled_from([1, 2])),
+                groups)
+    elif kind == "attention":
+        s_q = draw_(dim)
+        causal = draw_(st.booleans())
+        spec = ("attention", draw_(st.sampled_from([1, 2])), draw_(st.sampled_from([1, 3])), s_q,
+                s_q if causal else draw_(dim), draw_(st.sampled_from([4, 8, 12])), causal)
+    else:
+        h = draw_(st.sampled_from([1, 2]))
+        spec = ("block", draw_(st.sampled_from([1, 2])), draw_(dim), h * draw_(st.sampled_from([2, 4])), h)
+    return Case((spec, backward), label=flop_spec_label(spec, backward))
+
+
+class FlopCounterExercise(Exercise):
+    id, entry, points = "dispatch.flop_counter", "FlopCounter", 2
+    title = "a FLOP-counting TorchDispatchMode"
+    probe = "ptinternals.checks.probes.dispatch:count_flops"
+    timeout_s = 60.0
+
+    def visible_cases(self):
+        specs = [(("linear", (4,), 16, 8, True), False), (("linear", (4,), 16, 8, True), True),
+                 (("bmm", 3, 5, 7, 2), True), (("conv2d", 1, 2, 4, 8, 3, 1, 1), False),
+                 (("attention", 1, 2, 6, 6, 8, True), False), (("attention", 1, 2, 6, 6, 8, True), True),
+                 (("block", 2, 5, 8, 2), True)]
+        return [Case((s, b), label=flop_spec_label(s, b)) for s, b in specs]
+
+    def hidden_cases(self):
+        fixed = [(("block", 2, 7, 12, 3), True), (("mlp", 3, 13, 5, 1), True), (("linear", (2, 3), 5, 7, True), True),
+                 (("linear", (0,), 4, 3, True), True),
+                 (("attention", 2, 3, 7, 11, 12, False), True), (("conv2d", 2, 4, 6, 9, 3, 2, 2), False)]
+        return [Case((s, b), label=flop_spec_label(s, b)) for s, b in fixed] + draw(flop_cases(), 40)
+
+    def expected(self, case):
+        return torch_flops(*case.args)
+
+    def diagnose(self, case, got, expected):
+        spec, backward = case.args
+        if not isinstance(got, int) or got == expected:
+            return None
+        if 2 * got == expected:
+            return "one multiply-add is 2 FLOPs: an (m, k) @ (k, n) product costs 2*m*k*n."
+        if got == torch_flops(spec, backward, cpu_attention=False):
+            return ("attention counts 0: count aten._scaled_dot_product_flash_attention_for_cpu (2 bmms) and "
+                    "its _backward (5 bmms), the fused CPU kernels FlopCounterMode has no formula for.")
+        if backward and got == torch_flops(spec, False):
+            return "only the forward pass was counted: the backward pass's mm/bmm and attention-backward ops " \
+                   "come through __torch_dispatch__ too."
+        if spec[0] in ("attention", "block") and backward and got in (
+                torch_flops(spec, True, attention_backward="zero"), torch_flops(spec, True, attention_backward="forward")):
+            return "the attention backward recomputes Q K^T and does 4 more bmms: 2*b*h*s_q*s_k*(3*d + 2*d_v)."
+        if spec[0] in ("linear", "mlp", "block") and got < expected:
+            return "nn.Linear reaches the mode as aten.addmm (with bias, 2-d input) or aten.mm: count both; " \
+                   "for addmm the matrices are args[1] and args[2] (args[0] is the bias)."
+        return None
+
+
+# ================================================================================================
+# dispatch.graph_tracer tracing mode
+# ================================================================================================
+class _OpLog:
+    """The ops a TorchDispatchMode sees while the workload runs forward and backward (the truth)."""
+
+    @staticmethod
+    def ops(spec) -> tuple[list[str], list[list[str]]]:
+        """(op names, the names of each op's kwargs), in dispatch order."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen, kwarg_names = [], []
+
+        class Log(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(str(func))
+                kwarg_names.append(sorted(kwargs or {}))
+                return func(*args, **(kwargs or {}))
+
+        w = P.make_workload(spec)
+        with Log():
+            w.loss().backward()
+        return seen, kwarg_names
+
+
+TRACE_SPECS_VISIBLE = [("linear", (3,), 4, 2, True), ("mlp", 3, 5, 7, 2), ("masked", 4, 3)]
+
+
+@st.composite
+def trace_specs(draw_):
+    dim = st.sampled_from([1, 2, 3, 5, 7])
+    kind = draw_(st.sampled_from(["linear", "mlp", "masked", "attention", "block", "bmm", "baddbmm"]))
+    if kind == "linear":
+        return ("linear", tuple(draw_(st.lists(dim, max_size=2))), draw_(dim), draw_(dim), draw_(st.booleans()))
+    if kind == "mlp":
+        return ("mlp", draw_(dim), draw_(dim), draw_(dim), draw_(dim))
+    if kind == "masked":
+        return ("masked", draw_(st.sampled_from([2, 3, 5])), draw_(dim))
+    if kind == "attention":
+        s = draw_(dim)
+        return ("attention", 1, draw_(st.sampled_from([1, 2])), s, s, draw_(st.sampled_from([4, 6])), draw_(st.booleans()))
+    if kind == "block":
+        return ("block", 1, draw_(st.sampled_from([2, 3, 5])), 4, draw_(st.sampled_from([1, 2])))
+    return (kind, draw_(dim), draw_(dim), draw_(dim), draw_(dim))
+
+
+class GraphTracerExercise(Exercise):
+    id, entry, points = "dispatch.graph_tracer", "GraphTracer", 2
+    title = "record the ATen graph of forward and backward"
+    probe = "ptinternals.checks.probes.dispatch:trace_and_replay"
+    timeout_s = 60.0
+
+    def visible_cases(self):
+        return [Case((s,), label=f"{s[0]} {s[1:]}") for s in TRACE_SPECS_VISIBLE]
+
+    def hidden_cases(self):
+        fixed = [("block", 2, 3, 8, 2), ("mlp", 2, 3, 5, 1), ("attention", 1, 2, 5, 5, 4, True),
+                 ("linear", (2, 3), 5, 1, False)]
+        return [Case((s,), label=f"{s[0]} {s[1:]}") for s in fixed + draw(trace_specs(), 16)]
+
+    def expected(self, case):
+        spec = case.args[0]
+        ops, kwargs = _OpLog.ops(spec)
+        names = ["loss"] + [f"gradient of {name}" for name in P.make_workload(spec).leaves]
+        return {"ops": ops, "kwargs": kwargs, "replay": P.eager_loss_and_grads(spec, seed=1), "names": names}
+
+    def compare(self, case, got, expected):
+        if not isinstance(got, dict) or "ops" not in got:
+            return f"the grader could not read your result: {describe(got)}"
+        problem = same_value(got["ops"], expected["ops"])
+        if problem:
+            return "the recorded call nodes are not the ops torch dispatched (forward, then backward):\n  " + problem
+        for i, (op, g, e) in enumerate(zip(expected["ops"], got.get("kwargs", []), expected["kwargs"], strict=False)):
+            if list(g) != e:
+                return f"call node {i} ({op}) has the kwargs {list(g)}; torch passed {e}"
+        outs, want = got["replay"], expected["replay"]
+        if not isinstance(outs, list) or len(outs) != len(want):
+            return f"the output node should hold the loss and {len(want) - 1} gradients, got {describe(outs)}"
+        for name, g, e in zip(expected["names"], outs, want, strict=False):
+            problem = close_tensors(g, e, rtol=1e-5, atol=1e-6)
+            if problem:
+                return (f"replaying your graph on NEW input values gives the wrong {name} "
+                        f"(compared with running the model eagerly on those values):\n  {problem}")
+        return None
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, dict) or "replay" not in got:
+            return None
+        if isinstance(got.get("ops"), list) and got["ops"] != expected["ops"]:
+            return "record every op that reaches __torch_dispatch__, in order, including the backward ones."
+        if got.get("kwargs") != expected["kwargs"]:
+            return "keep each op's kwargs (with tensors in them replaced by Refs): e.g. gelu's approximate='tanh'."
+        outs = got["replay"]
+        spec = case.args[0]
+        old = P.eager_loss_and_grads(spec, seed=0)
+        if isinstance(outs, list) and outs and all(
+                isinstance(o, TensorInfo) and close_tensors(o, e) is None for o, e in zip(outs, old, strict=False)):
+            return ("the replay reproduced the TRACED run's numbers: your nodes hold the traced tensors "
+                    "themselves; store Ref(name) for every tensor the graph produced or took as a placeholder.")
+        return ("an argument points at the wrong node: map each output tensor to Ref(node) (Ref(node, i) for "
+                "the i-th output of an op that returns several, such as native_layer_norm or split), and keep "
+                "the tensors alive while you hold their ids (or use torch.utils.weak.WeakIdKeyDictionary).")
+
+
+# ================================================================================================
+# dispatch.int8_tensor int8 wrapper subclass
+# ================================================================================================
+def torch_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8 of ``w`` by torch itself: (codes, scales)."""
+    scale = w.abs().amax(dim=1) / 127
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the torch.quantize_* creation functions are deprecated
+        try:
+            q = torch.quantize_per_channel(w, scale.double(), torch.zeros(w.shape[0], dtype=torch.long), 0,
+                                           torch.qint8).int_repr()
+        except (AttributeError, RuntimeError):  # a torch without quantised tensors
+            q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def expected_quantized_run(spec):
+    model, x, target = P.quantized_model(spec)
+    codes, scales = [], []
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            q, s = torch_int8(m.weight.detach())
+            codes.append(q)
+            scales.append(s)
+            m.weight = torch.nn.Parameter(q.float() * s[:, None], requires_grad=False)  # the dequantised weight
+    out, loss = P.train_step(model, x, target, spec[-1])
+    trainable = [p.detach() for p in model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        out_after = model(x)
+    return {"types": ["Int8Tensor"] * len(codes), "int_data": codes, "scale": scales, "out": out.detach(),
+            "loss": loss.detach(), "x_grad": x.grad, "trainable_after": trainable, "out_after_step": out_after,
+            "types_after": ["Int8Tensor"] * len(codes), "dtypes": ["float32"] * len(codes)}
+
+
+@st.composite
+def quant_specs(draw_):
+    dim = st.sampled_from([1, 2, 3, 5, 8, 13])
+    batch = tuple(draw_(st.lists(st.sampled_from([1, 2, 3]), min_size=1, max_size=2)))
+    return (batch, draw_(dim), draw_(dim), draw_(dim), draw_(st.sampled_from([0.1, 0.5])))
+
+
+def quant_label(spec):
+    batch, d_in, d_hidden, d_out, lr = spec
+    return (f"input {(*batch, d_in)}: Linear({d_in}, {d_hidden}) -> ReLU -> LayerNorm -> Linear({d_hidden}, {d_out}), "
+            f"SGD lr={lr}")
+
+
+class Int8TensorExercise(Exercise):
+    id, entry, points = "dispatch.int8_tensor", "Int8Tensor", 2
+    title = "an int8 wrapper subclass that survives a training step"
+    probe = "ptinternals.checks.probes.dispatch:train_quantized"
+    timeout_s = 60.0
+
+    def visible_cases(self):
+        return [Case((s,), label=quant_label(s)) for s in [((4,), 8, 16, 3, 0.1), ((2, 3), 5, 7, 1, 0.5)]]
+
+    def hidden_cases(self):
+        return [Case((s,), label=quant_label(s)) for s in draw(quant_specs(), 20)]
+
+    def expected(self, case):
+        return expected_quantized_run(case.args[0])
+
+    def compare(self, case, got, expected):
+        if not isinstance(got, dict) or "types" not in got:
+            return f"the grader could not read your result: {describe(got)}"
+        if got["types"] != expected["types"]:
+            return (f"after `nn.Parameter(Int8Tensor.quantize(w), requires_grad=False)` the weights are "
+                    f"{got['types']}, not Int8Tensor")
+        if got.get("dtypes") != expected["dtypes"]:
+            return f"the weights' (logical) dtypes are {got.get('dtypes')}, expected {expected['dtypes']}"
+        for i, (q, want) in enumerate(zip(got["int_data"], expected["int_data"], strict=False)):
+            problem = close_tensors(q, want)
+            if problem:
+                return f"int_data of Linear layer {i} differs from torch.quantize_per_channel(...).int_repr():\n  {problem}"
+        for i, (s, want) in enumerate(zip(got["scale"], expected["scale"], strict=False)):
+            problem = close_tensors(s, want, rtol=1e-6, atol=0)
+            if problem:
+                return f"scale of Linear layer {i} (max |row| / 127):\n  {problem}"
+        checks = [("out", "the forward output"), ("loss", "the loss"), ("x_grad", "the gradient of the input")]
+        for key, what in checks:
+            problem = close_tensors(got[key], expected[key], rtol=1e-4, atol=1e-5)
+            if problem:
+                return f"{what} differs from the same model run with dequantised float weights:\n  {problem}"
+        if len(got["trainable_after"]) != len(expected["trainable_after"]):
+            return (f"{len(got['trainable_after'])} parameters require grad after the step, expected "
+                    f"{len(expected['trainable_after'])} (the int8 weights are frozen; biases and LayerNorm train)")
+        for i, (p, want) in enumerate(zip(got["trainable_after"], expected["trainable_after"], strict=False)):
+            problem = close_tensors(p, want, rtol=1e-4, atol=1e-5)
+            if problem:
+                return f"trainable parameter {i} after the SGD step:\n  {problem}"
+        if got["types_after"] != expected["types_after"]:
+            return f"after the training step the weights are {got['types_after']}, not Int8Tensor"
+        return close_tensors(got["out_after_step"], expected["out_after_step"], rtol=1e-4, atol=1e-5)
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, dict) or "types" not in got:
+            return None
+        if got["types"] != expected["types"]:
+            return ("nn.Parameter(t) calls t.detach(): handle aten.detach.default in __torch_dispatch__ by "
+                    "returning a new Int8Tensor over the same int_data and scale.")
+        if got.get("dtypes") != expected["dtypes"]:
+            return ("the wrapper's dtype (what _make_wrapper_subclass gets as dtype=) is the LOGICAL dtype: the "
+                    "float dtype the weight stands for (scale's dtype), not the int8 of the storage inside.")
+        pairs = zip(got["int_data"], expected["int_data"], got["scale"], expected["scale"], strict=False)
+        for q, want, s, w_scale in pairs:
+            if not isinstance(q, TensorInfo):
+                return "store the codes in an attribute named int_data (an int8 tensor) and the scales in scale."
+            if q.dtype != "int8":
+                return f"int_data must be int8, got {q.dtype}"
+            if isinstance(s, TensorInfo) and tuple(s.shape) != tuple(w_scale.shape):
+                return (f"scale has shape {s.shape}: one scale per OUTPUT row (dim 0 of the weight), shape "
+                        f"{tuple(w_scale.shape)}")
+            qv, wv = q.values.to(torch.int32), want.to(torch.int32)
+            if tuple(qv.shape) == tuple(wv.shape) and not torch.equal(qv, wv):
+                if bool(((qv - wv).abs() <= 1).all()) and bool((qv.abs() <= wv.abs()).all()):
+                    return "round to the nearest code (torch.round), do not truncate with .to(torch.int8)."
+                return "scale = max(|w|) over each row / 127, and codes = round(w / scale) clamped to [-127, 127]."
+        return ("the logical dtype of the wrapper (what _make_wrapper_subclass gets as dtype=) is the FLOAT "
+                "dtype of the weight; ops you do not handle should dequantise and run on plain tensors.")
+
+
+# ================================================================================================
+# dispatch.custom_op custom op
+# ================================================================================================
+def expected_custom_op(shape, dtype_name, full):
+    x, bias, grad_out = P.op_inputs(shape, dtype_name)
+    xg, bg = x.detach().requires_grad_(), bias.detach().requires_grad_()
+    out = F.gelu(xg + bg)
+    grads = list(torch.autograd.grad(out, [xg, bg], grad_out))
+    meta = (tuple(shape), dtype_name, None)
+    result = {"out": out.detach(), "grads": grads, "fake": {"cpu": meta[:2] + ("cpu",), "cuda": meta[:2] + ("cuda",)},
+              "table": {"CPU": "default backend kernel", "Meta": "kernel", "AutogradCPU": "autograd kernel"}}
+    if full:
+        result["opcheck"] = {k: "SUCCESS" for k in
+                             ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")}
+        result["compiled"] = (F.gelu(x + bias).sum(-1) * 2).detach()
+    return result
+
+
+def op_label(shape, dtype_name, full):
+    what = "values, gradients, fake kernel, dispatch table" + (", opcheck, torch.compile" if full else "")
+    return f"x of shape {tuple(shape)} ({dtype_name}), bias of shape ({shape[-1]},): {what}"
+
+
+class CustomOpExercise(Exercise):
+    id, entry, points = "dispatch.custom_op", "define_op", 2
+    title = "a custom operator with fake and autograd registrations"
+    probe = "ptinternals.checks.probes.dispatch:check_custom_op"
+    timeout_s = 90.0
+
+    def visible_cases(self):
+        return [Case(((4, 6), "float64", True), label="opcheck and torch.compile(fullgraph=True) on a 4x6 input"),
+                Case(((2, 3, 5), "float32", False), label="a 3-d float32 input"),
+                Case(((7,), "float64", False), label="a 1-d input")]
+
+    def hidden_cases(self):
+        shapes = st.lists(st.sampled_from([0, 1, 2, 3, 5, 7]), min_size=1, max_size=3).map(tuple).filter(
+            lambda s: s[-1] > 0)
+        drawn = draw(st.tuples(shapes, st.sampled_from(["float32", "float64"])), 10)
+        cases = [Case((s, d, False), label=op_label(s, d, False)) for s, d in drawn]
+        full = [((3, 5), "float32"), ((1, 2, 7), "float64")]
+        return cases + [Case((s, d, True), label=op_label(s, d, True)) for s, d in full]
+
+    def expected(self, case):
+        return expected_custom_op(*case.args)
+
+    def compare(self, case, got, expected):
+        if not isinstance(got, dict) or "out" not in got:
+            return f"the grader could not read your result: {describe(got)}"
+        problem = close_tensors(got["out"], expected["out"])
+        if problem:
+            return "fused_bias_gelu(x, bias) differs from F.gelu(x + bias):\n  " + problem
+        if isinstance(got["grads"], str):
+            return "backward failed: " + got["grads"]
+        for name, g, e in zip(("x", "bias"), got["grads"], expected["grads"], strict=False):
+            problem = close_tensors(g, e)
+            if problem:
+                return f"the gradient for {name} differs from autograd through F.gelu(x + bias):\n  {problem}"
+        for device in ("cpu", "cuda"):
+            g, e = got["fake"].get(device), expected["fake"][device]
+            g = tuple(g) if isinstance(g, list) else g
+            if g != e:
+                return (f"under FakeTensorMode on {device!r} the op gives {describe(g)}\n"
+                        f"  expected (shape, dtype, device) {e}")
+        for key, kind in expected["table"].items():
+            if got["table"].get(key) != kind:
+                return f"the dispatch table entry for {key} is {got['table'].get(key)!r}, expected {kind!r}"
+        if "opcheck" in expected:
+            bad = {k: v for k, v in got.get("opcheck", {}).items() if v != "SUCCESS"}
+            if bad or set(got.get("opcheck", {})) != set(expected["opcheck"]):
+                return f"torch.library.opcheck failed: {describe(bad or got.get('opcheck'), 600)}"
+            compiled = got.get("compiled")
+            if isinstance(compiled, str):
+                return "torch.compile(fullgraph=True) failed: " + compiled
+            problem = close_tensors(compiled, expected["compiled"])
+            if problem:
+                return "the compiled function gives different values:\n  " + problem
+        return None
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, dict) or "fake" not in got:
+            return None
+        if isinstance(got["grads"], str):
+            if "no autograd formula" in got["grads"] or "register_autograd" in got["grads"]:
+                return "register the backward with op.register_autograd(backward, setup_context=setup_context)."
+            if "invalid gradient" in got["grads"] or "shape" in got["grads"]:
+                return "the gradient for bias must have bias's shape: sum grad_z over every dim but the last."
+        if isinstance(got["grads"], list) and got["grads"] and isinstance(got["grads"][0], TensorInfo):
+            shape, dtype_name = case.args[0], case.args[1]
+            x, bias, grad_out = P.op_inputs(shape, dtype_name)
+            z = (x + bias).detach().requires_grad_()
+            local = torch.autograd.grad(F.gelu(z).sum(), z)[0]  # dgelu/dz, without grad_out
+            if close_tensors(got["grads"][0], local) is None and close_tensors(got["grads"][0], expected["grads"][0]):
+                return "backward must multiply by grad_out (the chain rule): grad_z = grad_out * gelu'(z)."
+        for device in ("cpu", "cuda"):
+            g, e = got["fake"].get(device), expected["fake"][device]
+            g = tuple(g) if isinstance(g, list) else g
+            if isinstance(g, str) and "fake" in g.lower() and ("impl" in g or "register" in g):
+                return "register a fake kernel with @op.register_fake: FakeTensorMode and torch.compile call it."
+            if isinstance(g, tuple) and g != e:
+                if g[0] != e[0]:
+                    return "the fake kernel must return a tensor with the output's SHAPE (x's shape): " \
+                           "torch.empty_like(x)."
+                if g[1] != e[1]:
+                    return "the fake kernel must return the output's DTYPE (x's dtype): torch.empty_like(x)."
+            if isinstance(g, str):
+                return "the fake kernel may only read shapes, dtypes and devices: it gets tensors without data."
+        if isinstance(got.get("table"), dict) and got["table"].get("AutogradCPU") != "autograd kernel":
+            return "register_autograd puts your backward at the Autograd key; without it there is no autograd kernel."
+        return None
+
+
+# ================================================================================================
+# dispatch.memory_estimate memory estimate with FakeTensorMode
+# ================================================================================================
+MEM_KEYS = ("parameters", "gradients", "optimizer_state", "activations", "output_shape")
+
+
+def _round(n: int, device: str) -> int:
+    return 512 * ((n + 511) // 512) if device == "cuda" else n
+
+
+def real_memory(spec, input_shape, input_dtype: str, device: str, run_on: str = "cpu") -> dict:
+    """Bytes of one training step of a REAL run on ``run_on`` ("cpu", "meta" for huge models, or
+    "cuda"), each storage rounded as ``device``'s allocator would."""
+    with torch.device(run_on):
+        torch.manual_seed(0)
+        model = P.memory_model(spec)
+    dtype = getattr(torch, input_dtype)
+    if dtype.is_floating_point:
+        x = torch.randn(input_shape, dtype=dtype, device=run_on)
+    else:
+        x = torch.zeros(input_shape, dtype=dtype, device=run_on)
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    skip = {id(t.untyped_storage()) for t in params + [x]}
+    saved: dict[int, object] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if id(s) not in skip:
+            saved[id(s)] = s  # keep the storage object alive while we hold its id
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    activations = sum(_round(s.nbytes(), device) for s in saved.values())
+    out.float().mean().backward()
+    opt = torch.optim.AdamW(trainable, foreach=False)
+    opt.step()
+    state = [t for per_param in opt.state.values() for t in per_param.values()
+             if isinstance(t, torch.Tensor) and t.dim() > 0]  # exp_avg, exp_avg_sq; not the 0-d step
+    total = lambda ts: sum(_round(t.untyped_storage().nbytes(), device) for t in ts)  # noqa: E731
+    return {"parameters": total(params), "gradients": total([p.grad for p in trainable]),
+            "optimizer_state": total(state), "activations": activations, "output_shape": tuple(out.shape)}
+
+
+BIG = 50_000_000  # parameters: above this, the truth runs on the meta device
+
+
+def _n_params(spec) -> int:
+    kind, *a = spec
+    if kind == "mlp":
+        d_in, d_h, d_out = a[:3]
+        return d_in * d_h + d_h + d_h * d_out + d_out
+    if kind == "lm":
+        vocab, d = a[:2]
+        return 2 * vocab * d + 2 * d
+    c_in, c_mid, k = a[:3]
+    return 2 * c_in * c_mid * k * k + c_in + c_mid
+
+
+def mem_case(spec, input_shape, input_dtype="float32", device="cuda", label=""):
+    kind, *a = spec
+    if not label:
+        frozen = " (first layer frozen)" if kind in ("mlp", "lm") and a[-1] else ""
+        label = f"{kind} {tuple(a)}{frozen} on an input {tuple(input_shape)} {input_dtype}, {device} rules"
+    return Case((spec, tuple(input_shape), input_dtype, device), label=label)
+
+
+@st.composite
+def mem_cases(draw_):
+    dim = st.sampled_from([1, 3, 5, 16, 100, 257])
+    device = draw_(st.sampled_from(["cuda", "cuda", "cpu"]))
+    kind = draw_(st.sampled_from(["mlp", "mlp", "lm", "conv"]))
+    if kind == "mlp":
+        dtype = draw_(st.sampled_from(["float32", "bfloat16", "float64"]))
+        spec = ("mlp", draw_(dim), draw_(dim), draw_(dim), dtype, draw_(st.booleans()))
+        return mem_case(spec, (draw_(st.sampled_from([1, 2, 7, 32])), spec[1]), dtype, device)
+    if kind == "lm":
+        spec = ("lm", draw_(st.sampled_from([7, 50, 300])), draw_(st.sampled_from([4, 16, 48])), "float32",
+                draw_(st.booleans()))
+        return mem_case(spec, (draw_(st.sampled_from([1, 3])), draw_(st.sampled_from([1, 5, 33]))), "int64", device)
+    c = draw_(st.sampled_from([1, 3]))
+    spec = ("conv", c, draw_(st.sampled_from([2, 5])), draw_(st.sampled_from([1, 3])), "float32")
+    size = draw_(st.sampled_from([4, 7, 9]))
+    return mem_case(spec, (draw_(st.sampled_from([1, 2])), c, size, size), "float32", device)
+
+
+class MemoryEstimateExercise(Exercise):
+    id, entry, points = "dispatch.memory_estimate", "estimate_memory", 2
+    title = "a training step's memory, estimated with FakeTensorMode"
+    probe = "ptinternals.checks.probes.dispatch:estimate_memory_probe"
+    timeout_s = 60.0
+
+    def visible_cases(self):
+        return [mem_case(("mlp", 16, 64, 4, "float32", False), (8, 16), label="a small MLP on cuda"),
+                mem_case(("mlp", 16, 64, 4, "float32", False), (8, 16), device="cpu", label="the same MLP on cpu"),
+                mem_case(("mlp", 16, 64, 4, "float32", True), (8, 16), label="the first layer frozen"),
+                mem_case(("lm", 50, 16, "float32", False), (2, 9), "int64", label="embedding -> layernorm -> head"),
+                mem_case(("mlp", 8192, 32768, 8192, "bfloat16", False), (4, 8192), "bfloat16",
+                         label="a bf16 MLP with 537 M parameters (1 GiB): it does not fit here, so fake it")]
+
+    def hidden_cases(self):
+        big = [mem_case(("mlp", 4096, 16384, 4096, "float32", True), (16, 4096)),
+               mem_case(("lm", 50257, 4096, "float32", False), (2, 1024), "int64")]
+        return draw(mem_cases(), 24) + big
+
+    def expected(self, case):
+        spec, input_shape, input_dtype, device = case.args
+        run_on = "meta" if _n_params(spec) > BIG else "cpu"
+        if run_on == "cpu" and device == "cuda" and torch.cuda.is_available():
+            run_on = "cuda"  # a real run on the GPU (same storages, real CUDA kernels)
+        return real_memory(spec, input_shape, input_dtype, device, run_on)
+
+    def compare(self, case, got, expected):
+        if not isinstance(got, dict):
+            return f"expected a dict with keys {list(MEM_KEYS)}, got {describe(got)}"
+        missing = [k for k in MEM_KEYS if k not in got]
+        if missing:
+            return f"the dict lacks {missing}; expected keys {list(MEM_KEYS)}"
+        for k in MEM_KEYS:
+            g = tuple(got[k]) if k == "output_shape" and isinstance(got[k], list) else got[k]
+            problem = same_value(g, expected[k])
+            if problem:
+                return f"{k}: {problem}\n  all expected: {describe(expected, 300)}"
+        return None
+
+    def diagnose(self, case, got, expected):
+        spec, input_shape, input_dtype, device = case.args
+        if not isinstance(got, dict) or any(k not in got for k in MEM_KEYS):
+            return None
+        unrounded = real_memory(spec, input_shape, input_dtype, "cpu", "meta") if device == "cuda" else None
+        if unrounded and all(got[k] == unrounded[k] for k in MEM_KEYS[:4]) and got != expected:
+            return "on 'cuda' every storage takes a multiple of 512 bytes (the caching allocator rounds each " \
+                   "request up): round each tensor's bytes before adding them."
+        if got["gradients"] == expected["parameters"] != expected["gradients"]:
+            return "only parameters with requires_grad=True get a .grad (and optimizer state): a frozen layer has none."
+        if got["optimizer_state"] * 2 == expected["optimizer_state"]:
+            return "AdamW keeps TWO tensors per trainable parameter: exp_avg and exp_avg_sq."
+        if isinstance(got["activations"], int) and got["activations"] != expected["activations"]:
+            if got["activations"] > expected["activations"]:
+                return ("count each saved STORAGE once, and leave out the parameters (a saved weight.t() is a "
+                        "view of the parameter) and the input.")
+            return ("collect what autograd saves with torch.autograd.graph.saved_tensors_hooks during the "
+                    "forward pass; tell storages apart by id(t.untyped_storage()) (fake storages all have "
+                    "data_ptr() 0) and keep them alive while you hold their ids.")
+        return None
+
+
+EXERCISES = [TensorKeys(), DispatchPath(), FlopCounterExercise(), GraphTracerExercise(), Int8TensorExercise(),
+             CustomOpExercise(), MemoryEstimateExercise()]
+CHAPTER = Chapter("dispatch", exercises=EXERCISES, sandbox_files=("dispatch/scaffold.py",))

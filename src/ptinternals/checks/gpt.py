@@ -1,0 +1,736 @@
+"""The gpt chapter's graded exercises: the capstone's parts, each checked where it acts.
+
+- gpt.gpt ``GPT``: the model's forward on fixed weights against a plain functional reference
+  (``reference.reference_forward``), in float64; the head must *be* the embedding (tied).
+- gpt.kernel_layer_norm ``kernel_layer_norm``: the student's Triton layer norm as a custom op, against
+  ``F.layer_norm`` (values and gradients, awkward shapes), dispatched as one registered op, traceable
+  under FakeTensorMode, and swapped into a small model without changing its training trajectory.
+- gpt.checkpoint ``checkpoint``, 8.4 ``train_step``, 8.5 ``DDP``: each swapped into ``ProbeLM`` (a torch-only test
+  bench in ``checks/probes/gpt.py``); the trajectory must match the same model trained with torch's
+  parts (no checkpointing / the reference train step / one process on the full batch), and the part
+  must do its job (fewer saved bytes, low-precision matmuls, no communication inside ``no_sync``).
+- gpt.train_gpt ``train_gpt``: a short CPU run of the student's assembled GPT must reach a stated validation
+  loss, measured by the grader from the returned model's logits on held-out text.
+- gpt.train_gpu ``train_gpu``: the ``gpu`` preset on a GPU, graded on validation loss (<= 1.50) and tokens/s over
+  the whole run (>= 300k); without a GPU a one-step smoke run checks the preset's model (nanoGPT's
+  10.65M parameters) and says that the rest was skipped. ``PTI_CH08_GPU_ITERS`` caps the GPU run for
+  a device check's time budget (the loss bound then loosens, see ``gpu_run_plan``).
+
+Trajectories use SGD in the probes: Adam divides out a gradient's scale, which would hide a
+gradient that is 2x (or 1/S) too large.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+
+from ..gpt.config import GPTConfig
+from ..gpt.corpus import load_corpus
+from ..gpt.reference import reference_loss
+from ..grading._runtime import TensorInfo
+from ..grading.cases import draw
+from ..grading.compare import close_tensors, describe
+from ..grading.exercise import Case, Chapter, Exercise
+from .probes import gpt as probes
+
+PROBE = "ptinternals.checks.probes.gpt"
+CPU_SMOKE_MAX_VAL = 2.8      # better than a unigram table (3.35 nats/char) after 60 steps
+CPU_RUN_MAX_VAL = 2.2        # better than a bigram table (2.48) after a 35-CPU-second run
+GPU_MAX_VAL = 1.50           # nanoGPT: 1.4697
+GPU_MIN_TOKENS_PER_S = 300_000   # nanoGPT on an A100: 5000 x 64 x 256 tokens in about 3 minutes = 455k/s
+NANOGPT_NON_EMBEDDING_PARAMS = 10_646_784
+
+CPU_SMOKE = dict(max_iters=60, warmup_iters=10, lr_decay_iters=60, eval_interval=0, eval_iters=2, progress=False,
+                 sample_tokens=0, memory_report=False, device="cpu")
+CPU_GRADED = dict(n_embd=64, max_iters=800, warmup_iters=50, lr_decay_iters=800, eval_interval=0, eval_iters=4,
+                  progress=False, sample_tokens=0, memory_report=False, device="cpu")
+#: ``PTI_CH08_GPU_ITERS`` caps the graded GPU run (the device check's time budget); the loss bound then
+#: loosens with fewer iterations (a short check, not the capstone's target).
+GPU_ITERS_ENV = "PTI_CH08_GPU_ITERS"
+
+
+def gpu_run_plan() -> tuple[int, float]:
+    """(iterations, validation-loss bound) of the graded GPU run: 5000 and 1.50 unless capped."""
+    import os
+
+    iters = int(os.environ.get(GPU_ITERS_ENV, 5000))
+    if iters < 1:
+        raise ValueError(f"{GPU_ITERS_ENV} must be >= 1, got {iters}")
+    bound = GPU_MAX_VAL if iters >= 5000 else 1.8 if iters >= 1000 else 2.0 if iters >= 500 else 2.5
+    return iters, bound
+
+
+GPU_SMOKE = dict(max_iters=1, batch_size=2, eval_interval=0, eval_iters=1, device="cpu", amp=False, kernels="none",
+                 compile=False, sample_tokens=0, progress=False, memory_report=False)
+
+_VAL = {}
+
+
+def val_split() -> torch.Tensor:
+    if "val" not in _VAL:
+        _VAL["val"] = load_corpus()[2]
+    return _VAL["val"]
+
+
+def _close(got, expected, what: str, rtol: float, atol: float) -> str | None:
+    problem = close_tensors(got, expected, rtol=rtol, atol=atol)
+    return None if problem is None else f"{what}: {problem}"
+
+
+def _num_close(got, expected, what: str, rtol: float, atol: float) -> str | None:
+    if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got) \
+            or abs(got - expected) > atol + rtol * abs(expected):
+        return f"{what}: expected {expected:.6g}, got {describe(got)}"
+    return None
+
+
+def _list_close(got, expected, what: str, rtol: float, atol: float) -> str | None:
+    if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+        return f"{what}: expected {len(expected)} values {describe(expected)}, got {describe(got)}"
+    for i, (g, e) in enumerate(zip(got, expected)):
+        problem = _num_close(g, e, f"{what}[{i}] (step {i + 1})", rtol, atol)
+        if problem:
+            return problem + f"\n  expected {[round(v, 6) for v in expected]}\n       got {describe(got)}"
+    return None
+
+
+def _params_close(got: dict, expected: dict, rtol: float, atol: float, what="after the steps, parameter") -> str | None:
+    if not isinstance(got, dict):
+        return f"expected the parameters as a dict, got {describe(got)}"
+    for name, value in expected.items():
+        value = value.values if isinstance(value, TensorInfo) else value
+        if value is None:
+            continue
+        problem = close_tensors(got.get(name), value, rtol=rtol, atol=atol)
+        if problem:
+            return f"{what} {name!r}: {problem}"
+    return None
+
+
+def _batches(vocab: int, batch: int, T: int, steps: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, vocab, (batch, T), generator=g), torch.randint(0, vocab, (batch, T), generator=g))
+            for _ in range(steps)]
+
+
+def _fixed(result, message="the grader could not read your result"):
+    return None if isinstance(result, dict) else f"{message}: {describe(result)}"
+
+
+# ================================================================================================
+# gpt.gpt the model
+# ================================================================================================
+def gpt_state(cfg: dict, seed: int) -> dict:
+    """nanoGPT-named weights for ``cfg``: GPT-2 init plus noise on gains and biases (so each is visible)."""
+    from ..gpt.model import GPT
+
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**cfg))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.mul_(4.0)  # larger weights: every mistake moves the logits visibly
+            if "ln" in name or name.endswith("bias"):
+                p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _variant_forward(state: dict, idx, n_head: int, bug: str):
+    """The reference forward with one known mistake (for ``diagnose``), float64."""
+    sd = {k: v.double() for k, v in state.items()}
+    wte, wpe = sd["transformer.wte.weight"], sd["transformer.wpe.weight"]
+    B, T = idx.shape
+    C = wte.shape[1]
+    hs = C // n_head
+
+    def lin(x, p):
+        y = x @ sd[p + ".weight"].T
+        return y + sd[p + ".bias"] if p + ".bias" in sd else y
+
+    def ln(x, p):
+        return F.layer_norm(x, (C,), sd[p + ".weight"], sd.get(p + ".bias"), 1e-5)
+
+    x = wte[idx] + (0 if bug == "no_position" else wpe[:T])
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    n_layer = len({k.split(".")[2] for k in sd if k.startswith("transformer.h.")})
+    for i in range(n_layer):
+        p = f"transformer.h.{i}"
+        h = x if bug == "post_norm" else ln(x, p + ".ln_1")
+        q, k, v = lin(h, p + ".attn.c_attn").split(C, dim=-1)
+        if bug == "heads_split_wrong":
+            q, k, v = (t.reshape(B, T, hs, n_head).transpose(1, 3).transpose(2, 3) for t in (q, k, v))
+        else:
+            q, k, v = (t.reshape(B, T, n_head, hs).transpose(1, 2) for t in (q, k, v))
+        scale = {"scale_by_n_embd": 1 / math.sqrt(C), "no_scale": 1.0}.get(bug, 1 / math.sqrt(hs))
+        att = q @ k.transpose(-2, -1) * scale
+        if bug != "no_mask":
+            att = att.masked_fill(mask, float("-inf"))
+        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + lin(y, p + ".attn.c_proj")
+        if bug == "post_norm":
+            x = ln(x, p + ".ln_1")
+        h = x if bug == "post_norm" else ln(x, p + ".ln_2")
+        act = {"tanh_gelu": lambda t: F.gelu(t, approximate="tanh"), "relu": F.relu}.get(bug, F.gelu)
+        x = x + lin(act(lin(h, p + ".mlp.c_fc")), p + ".mlp.c_proj")
+        if bug == "post_norm":
+            x = ln(x, p + ".ln_2")
+    if bug != "no_final_norm":
+        x = ln(x, "transformer.ln_f")
+    return x @ wte.T
+
+
+GPT_BUGS = {
+    "no_mask": "no causal mask: every position also attends to the FUTURE tokens (use is_causal=True, or fill "
+               "the scores above the diagonal with -inf before the softmax).",
+    "scale_by_n_embd": "the scores are scaled by 1/sqrt(n_embd); scale by 1/sqrt(head size) = "
+                       "1/sqrt(n_embd // n_head).",
+    "no_scale": "the scores are not scaled: divide q @ k^T by sqrt(head size) before the softmax.",
+    "post_norm": "this is a post-norm block (x = ln(x + f(x))); GPT-2 is pre-norm: x = x + f(ln(x)).",
+    "heads_split_wrong": "the heads are split the wrong way: view (B, T, C) as (B, T, n_head, head_size), then "
+                         "transpose to (B, n_head, T, head_size).",
+    "tanh_gelu": "the MLP uses the tanh approximation of GELU; nn.GELU() (exact, erf) is what nanoGPT uses.",
+    "relu": "the MLP uses ReLU; GPT uses GELU.",
+    "no_final_norm": "the final layer norm (transformer.ln_f) is missing before the head.",
+    "no_position": "the position embeddings (transformer.wpe) are not added to the token embeddings.",
+}
+
+
+class GPTForward(Exercise):
+    id, entry, points = "gpt.gpt", "GPT", 3
+    title = "the GPT model, on fixed weights"
+    probe = f"{PROBE}:gpt_forward"
+    timeout_s = 60.0
+
+    def _case(self, cfg: dict, B: int, T: int, seed: int, label: str = "") -> Case:
+        cfg = dict(cfg, dropout=0.0)
+        state = gpt_state(cfg, seed)
+        g = torch.Generator().manual_seed(seed + 2)
+        idx = torch.randint(0, cfg["vocab_size"], (B, T), generator=g)
+        targets = torch.randint(0, cfg["vocab_size"], (B, T), generator=g)
+        return Case((cfg, state, idx, targets), label=label)
+
+    def visible_cases(self):
+        base = dict(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4, bias=False)
+        return [
+            self._case(base, 1, 4, 0, "one layer, one head, 4 wide, a full context of 4 tokens"),
+            self._case(dict(base, vocab_size=7, block_size=6, n_layer=2, n_head=2, n_embd=8, bias=True), 2, 5, 1,
+                       "two layers, two heads, with biases; 5 tokens of a 6-token context"),
+            self._case(dict(base, vocab_size=9, block_size=8, n_layer=2, n_head=3, n_embd=9), 2, 1, 2,
+                       "a single token (T=1): it can attend only to itself"),
+            self._case(dict(vocab_size=65, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=False), 2, 16, 3,
+                       "a character model's shape: 65 characters, 4 heads of 8"),
+        ]
+
+    def hidden_cases(self):
+        @st.composite
+        def case(data):
+            n_head = data(st.integers(1, 4))
+            cfg = dict(vocab_size=data(st.integers(1, 12)), block_size=data(st.integers(1, 10)),
+                       n_layer=data(st.integers(1, 3)), n_head=n_head, n_embd=n_head * data(st.integers(1, 5)),
+                       bias=data(st.booleans()))
+            return (cfg, data(st.integers(1, 3)), data(st.integers(1, cfg["block_size"])), data(st.integers(0, 999)))
+
+        return [self._case(*c) for c in draw(case(), 16)]
+
+    def expected(self, case):
+        from ..gpt.reference import reference_forward
+
+        cfg, state, idx, targets = case.args
+        logits = reference_forward(state, idx, cfg["n_head"])
+        return {"logits": logits, "loss": float(reference_loss(logits, targets)), "tied": True,
+                "n_params": sum(v.numel() for k, v in state.items() if k != "lm_head.weight")}
+
+    def compare(self, case, got, expected):
+        problem = _fixed(got)
+        if problem:
+            return problem
+        if "missing" in got:
+            lines = []
+            if got["missing"]:
+                lines.append(f"your model has no {got['missing'][:6]} (names must be nanoGPT's)")
+            if got["extra"]:
+                lines.append(f"your model has parameters the reference does not: {got['extra'][:6]}")
+            return "the parameter names differ from nanoGPT's:\n  " + "\n  ".join(lines)
+        problem = _close(got.get("logits"), expected["logits"], "logits", 1e-6, 1e-8)
+        if problem:
+            return problem
+        if got.get("loss") is None:
+            return "model(idx, targets) must return (logits, loss) with the mean cross-entropy as loss"
+        problem = _num_close(got["loss"], expected["loss"], "loss", 1e-6, 1e-9)
+        if problem:
+            return problem
+        if got.get("tied") is not True:
+            return ("the output head is not tied: lm_head.weight must be the SAME tensor as transformer.wte.weight "
+                    "(self.transformer.wte.weight = self.lm_head.weight), not a copy")
+        if got.get("n_params") != expected["n_params"]:
+            return f"your model has {got.get('n_params')} distinct parameters, the reference {expected['n_params']}"
+        return None
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, dict) or not hasattr(got.get("logits"), "values"):
+            return None
+        cfg, state, idx, _ = case.args
+        values = got["logits"].values.double()
+        for bug, why in GPT_BUGS.items():
+            try:
+                alt = _variant_forward(state, idx, cfg["n_head"], bug)
+            except Exception:
+                continue
+            if alt.shape == values.shape and torch.allclose(values, alt, rtol=1e-6, atol=1e-8, equal_nan=True):
+                return why
+        return None
+
+
+# ================================================================================================
+# gpt.kernel_layer_norm the kernel op
+# ================================================================================================
+def _ln_unit(M: int, N: int, *, noncontig: bool = False, bias: bool = True, eps: float = 1e-5, seed: int = 0,
+             lead: tuple = (), label: str = "") -> Case:
+    g = torch.Generator().manual_seed(seed)
+    shape = (*lead, M, N)
+    if noncontig:  # a transposed view: rows are strided
+        x = (torch.randn(*lead, N, M, generator=g) * 2 + 0.5).transpose(-1, -2)
+    else:
+        x = torch.randn(shape, generator=g) * 2 + 0.5
+    w = torch.randn(N, generator=g) * 0.5 + 1
+    b = torch.randn(N, generator=g) * 0.5 if bias else None
+    dy = torch.randn(shape, generator=g)
+    return Case((x, w, b, eps), {"dy": dy}, label=label)
+
+
+def _ln_train(vocab: int, width: int, n_blocks: int, seed: int, label: str = "") -> Case:
+    state = probes.probe_state(vocab, width, n_blocks, seed=seed)
+    return Case((), {"swapped_into_model": (state, _batches(vocab, 4, 8, 2, seed=seed))}, label=label)
+
+
+class KernelLayerNorm(Exercise):
+    id, entry, points = "gpt.kernel_layer_norm", "kernel_layer_norm", 2
+    title = "your Triton layer norm as a custom op, swapped into a model"
+    probe = f"{PROBE}:layer_norm_op"
+    timeout_s = 120.0
+
+    def visible_cases(self):
+        return [_ln_unit(4, 8, label="4 rows of 8"),
+                _ln_unit(5, 7, lead=(2,), label="(2, 5, 7): 7 features, not a power of two"),
+                _ln_unit(6, 10, noncontig=True, label="a non-contiguous x (a transposed view)"),
+                _ln_unit(3, 5, bias=False, label="no bias (bias=None), like GPT with bias=False")]
+
+    def hidden_cases(self):
+        def case(M, N, noncontig, bias, eps, seed):
+            return _ln_unit(M, N, noncontig=noncontig, bias=bias, eps=eps, seed=seed)
+
+        cases = [_ln_unit(0, 6, label="no rows at all"), _ln_unit(1, 1), _ln_unit(3, 1)]
+        cases += draw(st.builds(case, st.integers(1, 9), st.integers(1, 70), st.booleans(), st.booleans(),
+                                st.sampled_from([1e-5, 1e-3, 0.1]), st.integers(0, 99)), 7)
+        # swapped into a model (hidden, so that a wrong value is reported on the simpler unit cases first)
+        cases += [_ln_train(11, 16, 2, 0, label="swapped into a small model: two SGD steps must match torch's "
+                                                "layer norm"), _ln_train(7, 24, 1, 5)]
+        return cases
+
+    def expected(self, case):
+        if "swapped_into_model" in case.kwargs:
+            return probes.probe_trajectory(*case.kwargs["swapped_into_model"])
+        x, w, b, eps = case.args
+        dy = case.kwargs["dy"]
+        x = x.detach().double().requires_grad_(True)
+        w = w.detach().double().requires_grad_(True)
+        b = None if b is None else b.detach().double().requires_grad_(True)
+        y = F.layer_norm(x, (x.shape[-1],), w, b, eps)
+        y.backward(dy.double())
+        return {"y": y.detach().float(), "dx": x.grad.float(), "dw": w.grad.float(),
+                "db": None if b is None else b.grad.float(), "shape": tuple(x.shape)}
+
+    def compare(self, case, got, expected):
+        problem = _fixed(got)
+        if problem:
+            return problem
+        if "swapped_into_model" in case.kwargs:
+            return _list_close(got.get("losses"), expected["losses"], "training loss", 1e-4, 1e-5) or \
+                _params_close(got.get("params"), expected["params"], 1e-3, 1e-5)
+        for key, what in (("y", "forward output y"), ("dx", "x.grad"), ("dw", "weight.grad"), ("db", "bias.grad")):
+            if expected[key] is None:
+                continue
+            problem = _close(got.get(key), expected[key], what, 1e-4, 1e-4)
+            if problem:
+                return problem
+        ops = got.get("forward_ops", [])
+        if any("layer_norm" in op and op.startswith("aten.") for op in ops):
+            used = [o for o in ops if "layer_norm" in o]
+            return f"the forward called torch's own layer norm ({used}): use your kernel"
+        custom = [op for op in ops if not op.startswith(("aten.", "prim."))]
+        if expected["shape"][0] and not custom:
+            return ("the forward dispatched no custom op (only " + ", ".join(ops[:6]) + "): register the kernel with "
+                    "torch.library.custom_op so PyTorch sees one operator")
+        if got.get("fake_shape") != expected["shape"]:
+            return (f"under FakeTensorMode your op should return a tensor of shape {expected['shape']}, it gave "
+                    f"{got.get('fake_shape')}")
+        return None
+
+    def diagnose(self, case, got, expected):
+        if "swapped_into_model" in case.kwargs or not isinstance(got, dict):
+            return None
+        if isinstance(got.get("fake_shape"), str):
+            return ("torch.compile and FakeTensorMode trace custom ops through a fake implementation: add "
+                    "@your_op.register_fake returning empty tensors of the right shapes.")
+        x, w, b, eps = case.args
+        y = getattr(got.get("y"), "values", None)
+        if y is None or y.shape != x.shape:
+            return None
+        if close_tensors(got["y"], expected["y"], rtol=1e-4, atol=1e-4) is not None:
+            if x.shape[-1] > 1:
+                xd = x.double()
+                xhat = (xd - xd.mean(-1, keepdim=True)) / torch.sqrt(xd.var(-1, keepdim=True, unbiased=True) + eps)
+                unbiased = xhat * w.double() + (0 if b is None else b.double())
+                if torch.allclose(y.double(), unbiased, rtol=1e-4, atol=1e-4):
+                    return "the variance is divided by N - 1; layer norm uses the biased variance (divide by N)."
+            if x.shape[-1] & (x.shape[-1] - 1):
+                return ("the statistics are wrong only when N is not a power of two: masked lanes must not enter "
+                        "the mean and variance (load with other=0 and divide by N, and zero x - mean past N).")
+            return None
+        if close_tensors(got.get("dx"), expected["dx"], rtol=1e-4, atol=1e-4) is not None:
+            return ("the forward is right but x.grad is not: per row, "
+                    "dx = (w*dy - (xhat * mean(xhat*w*dy) + mean(w*dy))) * rstd.")
+        return "dweight/dbias must be summed over ALL rows (every row used the same weight)."
+
+
+# ================================================================================================
+# gpt.checkpoint activation checkpointing
+# ================================================================================================
+class Checkpointing(Exercise):
+    id, entry, points = "gpt.checkpoint", "checkpoint", 2
+    title = "activation checkpointing, around each block"
+    probe = f"{PROBE}:checkpoint_probe"
+    timeout_s = 60.0
+
+    def _case(self, vocab, width, n_blocks, dropout, seed, label=""):
+        return Case((probes.probe_state(vocab, width, n_blocks, seed), _batches(vocab, 4, 32, 3, seed), dropout),
+                    label=label)
+
+    def visible_cases(self):
+        return [self._case(13, 32, 2, 0.0, 0, "two blocks, no dropout"),
+                self._case(13, 32, 3, 0.2, 1,
+                           "three blocks with dropout 0.2: recomputation must redraw the same masks")]
+
+    def hidden_cases(self):
+        return [self._case(*c) for c in draw(st.tuples(st.integers(5, 20), st.sampled_from([24, 32, 40]),
+                                                       st.integers(2, 4), st.sampled_from([0.0, 0.1, 0.3]),
+                                                       st.integers(2, 99)), 5)]
+
+    def expected(self, case):
+        state, batches, dropout = case.args
+        return probes.checkpoint_probe(lambda block, x: block(x), state, batches, dropout)
+
+    def compare(self, case, got, expected):
+        problem = _fixed(got)
+        if problem:
+            return problem
+        grads = got.get("grads") or {}
+        none = [k for k, v in grads.items() if v is None]
+        if none:
+            return f"after backward, these parameters inside checkpointed blocks have no .grad: {none[:4]}"
+        problem = _num_close(got.get("loss"), expected["loss"], "loss of the first step", 1e-5, 1e-6) or \
+            _params_close(grads, expected["grads"], 1e-4, 1e-6, what="gradient of")
+        if problem:
+            return problem
+        traj = got.get("trajectory") or {}
+        problem = _list_close(traj.get("losses"), expected["trajectory"]["losses"], "training loss", 1e-5, 1e-6) or \
+            _params_close(traj.get("params"), expected["trajectory"]["params"], 1e-4, 1e-6)
+        if problem:
+            return problem
+        saved, plain = got.get("saved_bytes", 0), got.get("plain_saved_bytes", 0)
+        if not saved < 0.6 * plain:
+            return (f"checkpointing saved {saved} bytes for backward, the plain model {plain}: a checkpointed block "
+                    f"must keep (about) only its input, not its activations")
+        return None
+
+    def diagnose(self, case, got, expected):
+        _, _, dropout = case.args
+        if not isinstance(got, dict):
+            return None
+        saved, plain = got.get("saved_bytes", 0), got.get("plain_saved_bytes", 1)
+        if isinstance(saved, int) and saved >= 0.6 * plain:
+            return ("the block's activations are still saved: run the block's forward without recording its "
+                    "graph (under no_grad, or with saved_tensors_hooks that keep nothing) and recompute in backward.")
+        if dropout > 0 and isinstance(got.get("loss"), float) and abs(got["loss"] - expected["loss"]) < 1e-6:
+            return ("the forward is right but the gradients are not: the recomputation drew NEW dropout masks; save "
+                    "the RNG state before the forward and restore it before recomputing.")
+        return None
+
+
+# ================================================================================================
+# gpt.train_step the train step
+# ================================================================================================
+def _step_batches(vocab, micro, batch, T, steps, seed):
+    flat = _batches(vocab, batch, T, steps * micro, seed)
+    return [flat[i * micro:(i + 1) * micro] for i in range(steps)]
+
+
+class TrainStep(Exercise):
+    id, entry, points = "gpt.train_step", "train_step", 2
+    title = "the train step: accumulation, autocast, GradScaler, clipping"
+    probe = f"{PROBE}:train_step_probe"
+    timeout_s = 60.0
+
+    def _case(self, amp, micro, clip, seed, label="", width=16):
+        state = probes.probe_state(11, width, 2, seed)
+        return Case((state, _step_batches(11, micro, 4, 8, 3, seed), amp, clip), label=label)
+
+    def visible_cases(self):
+        return [self._case("none", 1, 1.0, 0, "fp32, one batch per step, clip at 1.0"),
+                self._case("none", 2, 1.0, 1, "fp32, two micro-batches per step (gradient accumulation)"),
+                self._case("bfloat16", 1, 1.0, 2, "bf16 autocast"),
+                self._case("float16", 2, 0.5, 3, "fp16 autocast with a GradScaler, two micro-batches, clip at 0.5"),
+                self._case("none", 1, 0.0, 4, "no clipping (grad_clip=0): still report the gradient norm")]
+
+    def hidden_cases(self):
+        return [self._case(*c) for c in draw(st.tuples(st.sampled_from(["none", "bfloat16", "float16"]),
+                                                       st.integers(1, 3), st.sampled_from([0.0, 0.3, 1.0, 5.0]),
+                                                       st.integers(5, 99)), 8)]
+
+    def expected(self, case):
+        from ..gpt.train import train_step
+
+        return probes.train_step_probe(train_step, *case.args)
+
+    def compare(self, case, got, expected):
+        problem = _fixed(got)
+        if problem:
+            return problem
+        amp = case.args[2]
+        rtol, atol = (1e-5, 1e-6) if amp == "none" else (3e-2, 3e-3)
+        low = {"bfloat16": "bfloat16", "float16": "float16"}.get(amp)
+        dtypes = got.get("matmul_dtypes", [])
+        if low and low not in dtypes:
+            return (f"with amp_dtype={amp} the matmuls ran in {dtypes}: run the forward and the loss under "
+                    f"torch.autocast")
+        if not low and dtypes and dtypes != ["float32"]:
+            return f"with amp_dtype=None the matmuls ran in {dtypes}: no autocast then"
+        return (_list_close(got.get("losses"), expected["losses"], "returned loss", rtol, atol)
+                or _list_close(got.get("grad_norms"), expected["grad_norms"], "returned grad norm", rtol, atol)
+                or _params_close(got.get("params"), expected["params"], rtol * 10, atol * 10)
+                or (None if got.get("grads_left", 1) == 0 else
+                    "after the step some parameters still hold a gradient: the next step would add to it"))
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, dict):
+            return None
+        state, steps, amp, clip = case.args
+        losses, norms = got.get("losses") or [], got.get("grad_norms") or []
+        if got.get("grads_left", 0):
+            return "zero the gradients after the optimizer step (optimizer.zero_grad(set_to_none=True))."
+        if losses and len(steps[0]) > 1 and abs(losses[0] - len(steps[0]) * expected["losses"][0]) < 1e-3:
+            return "divide each micro-batch's loss by the number of micro-batches: the step's loss is their mean."
+        if norms and amp == "float16" and norms[0] > 100 * expected["grad_norms"][0]:
+            return "call scaler.unscale_(optimizer) BEFORE measuring/clipping: these are the scaled gradients (x S)."
+        if norms and clip > 0 and all(n <= clip + 1e-6 for n in norms) and expected["grad_norms"][0] > clip:
+            return "return the norm BEFORE clipping (what clip_grad_norm_ returns), not after."
+        if norms and losses and _list_close(losses, expected["losses"][:1] + losses[1:], "", 1e-5, 1e-6) is None:
+            if clip > 0 and expected["grad_norms"][0] > clip:
+                return "clip the gradient norm to grad_clip before the optimizer step (torch.nn.utils.clip_grad_norm_)."
+        return None
+
+
+# ================================================================================================
+# gpt.ddp DDP
+# ================================================================================================
+class DDPStep(Exercise):
+    id, entry, points = "gpt.ddp", "DDP", 2
+    title = "your DDP on two ranks equals one process on the whole batch"
+    probe = f"{PROBE}:ddp_probe"
+    timeout_s = 90.0
+
+    def _case(self, vocab, width, steps, seed, label=""):
+        return Case((probes.probe_state(vocab, width, 2, seed), probes.probe_state(vocab, width, 2, seed + 1000),
+                     _batches(vocab, 8, 6, steps, seed)), label=label)
+
+    def visible_cases(self):
+        return [self._case(11, 16, 2, 0, "2 ranks (gloo), each with half of every batch as 2 micro-batches; rank 1 "
+                                         "starts from different weights")]
+
+    def hidden_cases(self):
+        return [self._case(13, 24, 3, 7), self._case(7, 8, 2, 8)]
+
+    def expected(self, case):
+        state0, _, batches = case.args
+        return probes.single_process_reference(state0, batches)
+
+    def compare(self, case, got, expected):
+        problem = _fixed(got)
+        if problem:
+            return problem
+        if "error" in got:
+            return f"the ranks failed: {got['error']}"
+        r0, r1 = got["rank0"], got["rank1"]
+        problem = _params_close(r1["params"], r0["params"], 0.0, 1e-6, what="rank 1 differs from rank 0 in")
+        if problem:
+            return "the replicas diverged: " + problem
+        problem = _params_close(r0["params"], expected["params"], 1e-4, 1e-6,
+                                what="after the steps, compared with one process on the whole batch,")
+        if problem:
+            return problem
+        if r0["calls"]["in_no_sync"]:
+            return (f"{r0['calls']['in_no_sync']} collective(s) ran inside no_sync(): accumulate locally there, and "
+                    f"communicate once, in the last micro-batch's backward")
+        return None
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, dict) or "rank0" not in got:
+            return None
+        r0, r1 = got["rank0"], got["rank1"]
+        if _params_close(r1["params"], r0["params"], 0.0, 1e-6) is not None:
+            return ("the ranks start from different weights here: broadcast rank 0's parameters (and buffers) when "
+                    "DDP is constructed, and average the gradients after backward.")
+        state0, _, batches = case.args
+        doubled = probes.probe_trajectory(state0, batches, lr=0.2)   # sum instead of mean == twice the lr (SGD)
+        if _params_close(r0["params"], doubled["params"], 1e-4, 1e-6) is None:
+            return "the gradients are summed over ranks: divide by the world size to average them."
+        return None
+
+
+# ================================================================================================
+# gpt.train_gpt / gpt.train_gpu: training runs
+# ================================================================================================
+class TrainGPT(Exercise):
+    id, entry, points = "gpt.train_gpt", "train_gpt", 2
+    title = "your GPT, trained on the CPU, reaches the stated loss"
+    probe = f"{PROBE}:train_run"
+    timeout_s = 240.0
+
+    def visible_cases(self):
+        return [Case(("cpu", CPU_SMOKE, val_split(), 64, 32),
+                     label=f"60 steps of the cpu preset: validation loss <= {CPU_SMOKE_MAX_VAL} "
+                           f"(a unigram table: 3.35)")]
+
+    def hidden_cases(self):
+        return [Case(("cpu", CPU_GRADED, val_split(), 64, 64),
+                     label=f"800 steps of a 64-wide cpu model: validation loss <= {CPU_RUN_MAX_VAL} "
+                           f"(a bigram table: 2.48)")]
+
+    def expected(self, case):
+        return {"max_val_loss": CPU_SMOKE_MAX_VAL if case.args[1] is CPU_SMOKE else CPU_RUN_MAX_VAL}
+
+    def compare(self, case, got, expected):
+        problem = _fixed(got)
+        if problem:
+            return problem
+        if "not_a_module" in got:
+            return f"train_gpt must return the trained model (an nn.Module), got a {got['not_a_module']}"
+        if got.get("val_error"):
+            return f"the grader could not evaluate the returned model on 64-token windows: {got['val_error']}"
+        if got.get("causal") is not True:
+            return ("the returned model is not causal: changing later tokens changed the logits of earlier "
+                    "positions, so its loss comes from seeing the answer (see Exercise gpt.gpt's mask)")
+        if not got.get("finite") or got["val_loss"] > expected["max_val_loss"]:
+            return (f"validation loss {got.get('val_loss'):.4f} (measured by the grader on held-out text), needs "
+                    f"<= {expected['max_val_loss']}; the run took {got.get('seconds', 0):.1f} s")
+        return None
+
+    def summary(self, cases, results):
+        return "\n".join(f"  {c.label.split(':')[0]}: validation loss {r['val_loss']:.4f} in {r['seconds']:.1f} s"
+                         for c, r in zip(cases, results, strict=True) if isinstance(r, dict) and "val_loss" in r)
+
+    def diagnose(self, case, got, expected):
+        if isinstance(got, dict) and isinstance(got.get("val_loss"), float):
+            if abs(got["val_loss"] - math.log(65)) < 0.1:
+                return ("the returned model predicts every character as equally likely (ln 65 = 4.17): it was not "
+                        "trained, or fit() trained a different model than the one returned.")
+            if got["val_loss"] > 2.6:
+                return "the model learned little: check that the run does all config.max_iters steps."
+        return None
+
+
+class TrainGPU(Exercise):
+    id, entry, points = "gpt.train_gpu", "train_gpu", 2
+    title = "the gpu preset on a GPU: validation loss and tokens/s"
+    probe = f"{PROBE}:train_run"
+    timeout_s = 900.0
+    gpu = True
+
+    def _on_gpu(self) -> bool:
+        from ..device import pick_device
+
+        return pick_device() == "cuda"
+
+    def visible_cases(self):
+        if self._on_gpu():
+            iters, bound = gpu_run_plan()
+            overrides = {} if iters == 5000 else {"max_iters": iters, "lr_decay_iters": iters,
+                                                  "eval_interval": iters}
+            return [Case(("gpu", overrides, val_split(), 256, 128, iters * 64 * 256, True),
+                         label=f"the gpu preset ({iters} iterations): validation loss <= {bound} and >= "
+                               f"{GPU_MIN_TOKENS_PER_S:,} tokens/s (wall time of the whole run)")]
+        return [Case(("gpu-smoke", GPU_SMOKE, val_split(), 256, 2),
+                      label="no GPU here (SKIPPED: loss and tokens/s are graded on a GPU): one CPU step of the gpu "
+                            "preset must build nanoGPT's 10.65M-parameter model")]
+
+    def hidden_cases(self):
+        if self._on_gpu():
+            return []
+        return [Case(("gpu-smoke", dict(GPU_SMOKE, max_iters=2, batch_size=1), val_split(), 256, 1),
+                     label="no GPU here: two CPU steps of the gpu preset")]
+
+    def expected(self, case):
+        if case.args[0] == "gpu":
+            return {"max_val_loss": gpu_run_plan()[1], "min_tokens_per_s": GPU_MIN_TOKENS_PER_S}
+        return {"n_params": NANOGPT_NON_EMBEDDING_PARAMS,
+                "config": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, dropout=0.2, bias=False)}
+
+    def compare(self, case, got, expected):
+        problem = _fixed(got)
+        if problem:
+            return problem
+        if "skipped" in got:
+            return f"the case needs a GPU: {got['skipped']}"
+        if "not_a_module" in got:
+            return f"train_gpu must return the trained model (an nn.Module), got a {got['not_a_module']}"
+        if "n_params" in expected:
+            cfg = got.get("config") or {}
+            wrong = {k: (cfg.get(k), v) for k, v in expected["config"].items() if k in cfg and cfg[k] != v}
+            if wrong:
+                return "the model is not nanoGPT's shakespeare_char: " + ", ".join(
+                    f"{k}={g!r} (preset: {e!r})" for k, (g, e) in wrong.items())
+            if got.get("n_params") != expected["n_params"]:
+                return (f"the model has {got.get('n_params'):,} parameters besides position embeddings; the gpu "
+                        f"preset has {expected['n_params']:,} (nanoGPT's 10.65M)")
+            if got.get("val_error"):
+                return f"the grader could not evaluate the model on 256-token windows: {got['val_error']}"
+            return None if got.get("finite") else "the validation loss is not finite"
+        if got.get("val_error"):
+            return f"the grader could not evaluate the model on 256-token windows: {got['val_error']}"
+        if got.get("causal") is not True:
+            return "the returned model is not causal: its earlier positions see later tokens"
+        if not got.get("finite") or got["val_loss"] > expected["max_val_loss"]:
+            return f"validation loss {got.get('val_loss'):.4f}, needs <= {expected['max_val_loss']}"
+        if got.get("tokens_per_s", 0) < expected["min_tokens_per_s"]:
+            return (f"{got['tokens_per_s']:,.0f} tokens/s over the whole run ({got['seconds']:.0f} s), needs "
+                    f">= {expected['min_tokens_per_s']:,}")
+        return None
+
+    def summary(self, cases, results):
+        lines = []
+        for c, r in zip(cases, results, strict=True):
+            if not isinstance(r, dict) or "val_loss" not in r:
+                continue
+            if c.args[0] == "gpu":
+                lines.append(f"  gpu preset: validation loss {r['val_loss']:.4f}, {r['tokens_per_s']:,.0f} tokens/s, "
+                             f"{r['seconds']:.0f} s (nanoGPT: 1.4697 in about 180 s on an A100)")
+            else:
+                lines.append(f"  SKIPPED on the CPU: loss and tokens/s are graded on a GPU; the model has "
+                             f"{r['n_params']:,} parameters (nanoGPT's 10.65M)")
+        return "\n".join(dict.fromkeys(lines))
+
+    def diagnose(self, case, got, expected):
+        if isinstance(got, dict) and got.get("device") == "cpu" and case.args[0] == "gpu":
+            return "the model trained on the CPU: move it (and the batches) to the GPU."
+        if isinstance(got, dict) and isinstance(got.get("config"), dict) and got["config"].get("n_embd") == 128:
+            return "this is the cpu preset's model: train_gpu must start from make_config('gpu', ...)."
+        return None
+
+
+EXERCISES = [GPTForward(), KernelLayerNorm(), Checkpointing(), TrainStep(), DDPStep(), TrainGPT(), TrainGPU()]
+CHAPTER = Chapter("gpt", exercises=EXERCISES,
+                  sandbox_files=("gpt/config.py", "gpt/corpus.py", "gpt/loop.py", "gpt/scaffold.py",
+                                 "gpt/data/tinyshakespeare.txt.gz"))

@@ -1,0 +1,322 @@
+"""The distributed chapter's probes (sandbox side): the bodies each rank runs around the student's code.
+
+Each probe hands a *body* to :func:`ptinternals.checks.probes.ranks.spawn` (the sandbox's multi-rank
+launcher, with its hang diagnosis): build a model, call the student's class, run a few steps, and
+return plain data (weights, gradients, where the collectives happened relative to backward). The bodies
+drive the student's code and measure; they implement none of the chapter's mechanisms.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import types
+
+from ptinternals.checks.probes.ranks import P2P_RECV, P2P_SEND, spawn
+
+
+# ================================================================================================
+# Exercises distributed.chunk_bounds, distributed.assign_buckets, distributed.shard_bounds: plain Python
+# ================================================================================================
+def plain_python(entry, *args, **kwargs):
+    """Call ``entry`` and record the torch functions it used (these exercises are arithmetic: the point
+    is to write it, not to ask ``torch.tensor_split`` or ``dist._compute_bucket_assignment_by_size``)."""
+    from torch.overrides import TorchFunctionMode
+
+    calls = set()
+
+    class Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            calls.add(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        out = entry(*args, **kwargs)
+    return {"out": out, "calls": sorted(calls)}
+
+
+# ================================================================================================
+# Helpers for the bodies
+# ================================================================================================
+def build_mlp(widths, params):
+    """nn.Sequential(Linear, Tanh, ..., Linear) with the given parameter values (weights, biases in order)."""
+    import torch
+    from torch import nn
+
+    layers = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    model = nn.Sequential(*layers[:-1])
+    with torch.no_grad():
+        for p, v in zip(model.parameters(), params):
+            p.copy_(v)
+    return model
+
+
+def _shard(t, rank, world_size):
+    n = t.shape[0] // world_size
+    return t[rank * n:(rank + 1) * n]
+
+
+def _clone_all(ts):
+    return [None if t is None else t.detach().clone() for t in ts]
+
+
+def _ready_hooks(model, trace):
+    """The probe's own post-accumulate-grad hooks, registered before the student's: 'grad i is ready'."""
+    for i, p in enumerate(model.parameters()):
+        p.register_post_accumulate_grad_hook(lambda param, i=i: trace.mark("ready", i))
+
+
+def _overlap(trace, since: int) -> dict:
+    """Where the all-reduces of one backward happened, relative to the gradients becoming ready."""
+    ev = trace.events[since:]
+    order = [(e[1], e[2]) for e in ev if e[0] in ("call", "mark")]
+    ready = [k for k, (name, _) in enumerate(order) if name == "ready"]
+    reduces = [(k, info) for k, (name, info) in enumerate(order) if name == "all_reduce"]
+    end = next((k for k, (name, _) in enumerate(order) if name == "backward_returned"), len(order))
+    return {"n_ready": len(ready),
+            "all_reduce_numels": [info["numel"] for _, info in reduces],
+            "all_reduce_async": [info["async"] for _, info in reduces],
+            "first_reduce_before_last_ready": bool(reduces and ready and reduces[0][0] < ready[-1]),
+            "reduces_during_backward": sum(1 for k, _ in reduces if k < end),
+            "other_calls": sorted({name for name, _ in order if name not in ("ready", "backward_returned",
+                                                                             "all_reduce")})}
+
+
+# ================================================================================================
+# Exercise distributed.ring_all_reduce: ring all-reduce
+# ================================================================================================
+def ring_all_reduce(entry, world_size, tests):
+    """``tests[t][r]`` is rank r's input of test t; each rank calls ``entry(x)`` (in place) on each."""
+
+    def body(rank, n, fn, trace):
+        outs, p2p = [], []
+        for per_rank in tests:
+            x = per_rank[rank]
+            start = len(trace.events)
+            fn(x)
+            ev = trace.events[start:]
+            p2p.append({"sent": sum(e[2]["numel"] for e in ev if e[0] == "p2p" and e[1] in P2P_SEND),
+                        "to": sorted({e[2]["peer"] for e in ev if e[0] == "p2p" and e[1] in P2P_SEND}, key=str),
+                        "from": sorted({e[2]["peer"] for e in ev if e[0] == "p2p" and e[1] in P2P_RECV}, key=str),
+                        "calls": sorted({e[1] for e in ev if e[0] == "call"})})
+            outs.append(x)
+        return {"out": outs, "p2p": p2p}
+
+    return spawn(body, world_size, entry, what="ring_all_reduce")
+
+
+# ================================================================================================
+# Exercises distributed.naive_ddp and distributed.bucketed_ddp: DDP (per-parameter hooks, then buckets)
+# ================================================================================================
+def ddp_steps(entry, world_size, spec):
+    """Wrap a model whose replicas start different, run ``spec['steps']`` SGD steps on each rank's
+    shard of the batch; report the weights after wrapping, every step's grads, the final weights, and
+    where the all-reduces happened relative to backward."""
+    kwargs = dict(spec.get("kwargs", {}))
+
+    def body(rank, n, cls, trace):
+        import torch
+
+        params = [p + spec["perturb"] * rank for p in spec["init"]]  # replicas start different
+        model = build_mlp(spec["widths"], params)
+        _ready_hooks(model, trace)
+        ddp = cls(model, **kwargs)
+        after_wrap = _clone_all(model.parameters())
+        opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
+        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        grads, overlaps = [], []
+        for _ in range(spec["steps"]):
+            opt.zero_grad(set_to_none=True)
+            since = len(trace.events)
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            trace.mark("backward_returned")
+            ddp.finish_gradient_synchronization()
+            overlaps.append(_overlap(trace, since))
+            grads.append(_clone_all(p.grad for p in model.parameters()))
+            opt.step()
+        return {"after_wrap": after_wrap, "grads": grads, "final": _clone_all(model.parameters()),
+                "overlap": overlaps}
+
+    return spawn(body, world_size, entry, what=getattr(entry, "__name__", "DDP"))
+
+
+# ================================================================================================
+# Exercise distributed.no_sync: no_sync
+# ================================================================================================
+def no_sync_steps(entry, world_size, spec):
+    """``spec['micro']`` micro-batches per step, all but the last inside ``ddp.no_sync()``; then one
+    optimizer step; twice. Reports the grads after each backward and the collectives issued."""
+    kwargs = dict(spec.get("kwargs", {}))
+
+    def body(rank, n, cls, trace):
+        import torch
+
+        model = build_mlp(spec["widths"], spec["init"])
+        _ready_hooks(model, trace)
+        ddp = cls(model, **kwargs)
+        opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
+        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        m = spec["micro"]
+        xs, ys = x.chunk(m), y.chunk(m)
+        rounds = []
+        for _ in range(spec["steps"]):
+            opt.zero_grad(set_to_none=True)
+            record = {"local_grads": [], "calls_in_no_sync": [], "synced_grads": None}
+            for k in range(m - 1):
+                since = len(trace.events)
+                with ddp.no_sync():
+                    loss = torch.nn.functional.mse_loss(ddp(xs[k]), ys[k]) / m
+                    loss.backward()
+                    ddp.finish_gradient_synchronization()
+                record["calls_in_no_sync"] += trace.calls(since)
+                record["local_grads"].append(_clone_all(p.grad for p in model.parameters()))
+            since = len(trace.events)
+            loss = torch.nn.functional.mse_loss(ddp(xs[-1]), ys[-1]) / m
+            loss.backward()
+            trace.mark("backward_returned")
+            ddp.finish_gradient_synchronization()
+            record["synced_calls"] = trace.calls(since)
+            record["synced_grads"] = _clone_all(p.grad for p in model.parameters())
+            opt.step()
+            rounds.append(record)
+        return {"rounds": rounds, "final": _clone_all(model.parameters())}
+
+    return spawn(body, world_size, entry, what=getattr(entry, "__name__", "DDP"))
+
+
+# ================================================================================================
+# Exercise distributed.sharded_adamw: ZeRO-1
+# ================================================================================================
+def _state_bytes(obj, exclude: set) -> int:
+    """Bytes of the tensors reachable from ``obj`` (its attributes, containers, inner optimizers),
+    each storage counted once, leaving out the model's parameters and gradients (``exclude``) and the
+    ``.grad`` of the tensors found (gradients are not optimizer state)."""
+    import torch
+    from torch import nn
+
+    seen_objs: set[int] = set()
+    storages: dict[int, int] = {}
+    stack = [(obj, 0)]
+    while stack:
+        o, depth = stack.pop()
+        if id(o) in seen_objs or depth > 12:
+            continue
+        seen_objs.add(id(o))
+        if isinstance(o, torch.Tensor):
+            if o.device.type == "meta":
+                continue
+            s = o.untyped_storage()
+            if s.data_ptr() not in exclude and s.nbytes():
+                storages[s.data_ptr()] = max(storages.get(s.data_ptr(), 0), s.nbytes())
+            continue  # a tensor's .grad is a gradient, not optimizer state: not counted
+        if isinstance(o, (nn.Module, types.ModuleType, types.FunctionType, types.MethodType, type)):
+            continue
+        if isinstance(o, dict):
+            stack += [(v, depth + 1) for v in list(o.values())]
+            stack += [(k, depth + 1) for k in list(o.keys()) if not isinstance(k, (str, int))]
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack += [(v, depth + 1) for v in list(o)]
+        elif hasattr(o, "__dict__") and not isinstance(o, type) and type(o).__module__.split(".")[0] != "torch" \
+                or isinstance(o, torch.optim.Optimizer):
+            stack += [(v, depth + 1) for v in list(vars(o).values())]
+    return sum(storages.values())
+
+
+def zero_steps(entry, world_size, spec):
+    """Train the same model on every rank with the student's sharded optimizer (each rank has its own
+    shard of the batch, and plain local gradients); report the weights and the optimizer's bytes."""
+    def body(rank, n, cls, trace):
+        import torch
+
+        model = build_mlp(spec["widths"], spec["init"])
+        opt = cls(model.parameters(), **spec["hyper"])
+        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        weights, state = [], []
+        for _ in range(spec["steps"]):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            weights.append(_clone_all(model.parameters()))
+            exclude = {p.untyped_storage().data_ptr() for p in model.parameters()}
+            exclude |= {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
+            state.append(_state_bytes(opt, exclude))
+        return {"weights": weights, "state_bytes": state}
+
+    return spawn(body, world_size, entry, what=getattr(entry, "__name__", "sharded optimizer"))
+
+
+# ================================================================================================
+# Exercise distributed.fully_sharded: FSDP
+# ================================================================================================
+def fsdp_steps(entry, world_size, spec):
+    """Wrap an nn.Sequential in the student's fully sharded wrapper, train ``steps`` SGD steps;
+    report losses, the outputs on a fixed input after training, the parameter elements each rank
+    holds, and the peak bytes of gathered (all-gather output) buffers alive at once."""
+    def body(rank, n, cls, trace):
+        import torch
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        model = build_mlp(spec["widths"], spec["init"])
+        fsdp = cls(model)
+        held = sum(p.numel() for p in fsdp.parameters())
+        handles = [register_module_forward_pre_hook(lambda *a: trace.sample()),
+                   register_module_forward_hook(lambda *a: trace.sample())]
+        for p in fsdp.parameters():
+            p.register_post_accumulate_grad_hook(lambda p: trace.sample())
+        opt = torch.optim.SGD(fsdp.parameters(), lr=spec["lr"], momentum=0.5)
+        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        losses = []
+        try:
+            for _ in range(spec["steps"]):
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.mse_loss(fsdp(x), y)
+                loss.backward()
+                trace.sample()
+                opt.step()
+                losses.append(loss.item())
+            with torch.no_grad():
+                out = fsdp(spec["x_eval"])
+        finally:
+            for h in handles:
+                h.remove()
+        trace.sample()
+        return {"losses": losses, "out": out.detach().clone(), "held": held,
+                "peak_gathered": trace.peak_gathered, "gathers": trace.calls().count("all_gather")
+                + trace.calls().count("all_gather_into_tensor") + trace.calls().count("all_gather_single")}
+
+    return spawn(body, world_size, entry, what=getattr(entry, "__name__", "FSDP"))
+
+
+# ================================================================================================
+# Exercise distributed.train_resume: a torchrun trainer that resumes
+# ================================================================================================
+def train_resume(entry, world_size, config, stop_after, resume_step):
+    """Three launches of ``entry(config)`` in ``world_size`` ranks, with the environment torchrun sets:
+    A) the whole run, saving checkpoints; B) a run that stops after ``stop_after`` steps (a crash);
+    C) a run resumed from B's ``step{resume_step}.pt``. Reports what rank 0 returned in A and C, and
+    the files B left in its checkpoint folder."""
+    tmp = tempfile.mkdtemp(prefix="pt-train-")
+
+    def launch(label, **overrides):
+        cfg = {**config, "resume": None, "stop_after": None, **overrides}
+
+        def body(rank, n, fn, trace):
+            out = fn(dict(cfg))
+            return out if rank == 0 else None
+
+        return spawn(body, world_size, entry, init=False, what=f"train, run {label}")[0]
+
+    try:
+        a = launch("A (uninterrupted)", ckpt_dir=os.path.join(tmp, "a"))
+        b_dir = os.path.join(tmp, "b")
+        launch(f"B (stops after step {stop_after})", ckpt_dir=b_dir, stop_after=stop_after)
+        saved = sorted(os.listdir(b_dir)) if os.path.isdir(b_dir) else []
+        resume = os.path.join(b_dir, f"step{resume_step}.pt")
+        c = launch(f"C (resumed from step{resume_step}.pt)", ckpt_dir=os.path.join(tmp, "c"), resume=resume) \
+            if os.path.exists(resume) else None
+        return {"a": a, "c": c, "files_b": saved}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
