@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 export PTINTERNALS_REPO := $(CURDIR)
 
-.PHONY: book test venv lab notebooks check-notebooks bench gpu-check gpu-check-dry clean
+.PHONY: book test lint venv lab notebooks check-notebooks bench gpu-check gpu-check-dry clean
 
 book: venv
 	PTINTERNALS_STATIC_BOOK=1 .venv/bin/jupyter-book build . --warningiserror --nitpick --keep-going --quiet
@@ -12,6 +12,11 @@ book: venv
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=25
+
+# Lint: ruff over every Python source (notebook sources with notebook rules), then the dead-code check.
+lint: venv
+	$(PY) -m ruff check src tests bench scripts autograder solutions
+	$(PY) scripts/dead_code.py
 
 venv:
 	@scripts/bootstrap.sh
