@@ -61,8 +61,10 @@ torch.manual_seed(0)
 # | fp8 e5m2 | 8 | 5 | 2 | 15 | 0.25 | 2**-14 | 2**-16 | 57344 |
 # | fp8 e4m3fn | 8 | 4 | 3 | 7 | 0.125 | 2**-6 | 2**-9 | 448 |
 #
-# **bf16** is fp32 with the mantissa cut to 7 bits: the same exponent, so the same range, and about
-# 3 significant decimal digits. **fp16** spends its bits on the mantissa (about 3.3 digits) and pays
+# **bf16** is fp32 with the mantissa cut to 7 bits: the same exponent, so the same range, and 8
+# significant bits (7 stored plus the implicit leading 1), about 2.4 decimal digits (8 x log10 2): 1.0
+# and 1.004 are the same bf16 number. **fp16** spends its bits on the mantissa (11 significant bits,
+# about 3.3 digits) and pays
 # in range: nothing above 65504, nothing below 6e-8. **tf32** is not a storage format: NVIDIA's tensor
 # cores read fp32 operands and multiply only their top 10 mantissa bits (PyTorch's
 # `torch.backends.cuda.matmul.allow_tf32`). The **fp8** formats (Hopper and later) come in two
@@ -825,6 +827,66 @@ check("amp.amp_speed", amp_train, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# ## 7. Pitfalls in real training code
+#
+# Four mistakes that the mechanisms above explain.
+#
+# **`torch.cuda.amp` is the old name.** Since torch 2.4 the API is device-generic:
+# `torch.amp.autocast("cuda", dtype=...)` and `torch.amp.GradScaler("cuda")`. The old
+# `torch.cuda.amp.autocast` and `torch.cuda.amp.GradScaler` still work but are deprecated aliases
+# that warn (and, like the new ones, turn themselves off on a machine without CUDA):
+
+# %%
+import warnings
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    torch.cuda.amp.GradScaler()
+for w in caught:
+    print(f"{w.category.__name__}: {str(w.message)[:110]}")
+
+# %% [markdown]
+# **GradScaler refuses fp16 gradients.** After `model.half()` the parameters, and so their gradients,
+# are float16. Unscaling them would divide in fp16 (small gradients flush to zero, the very underflow
+# the scaler exists to prevent), and the optimizer would update fp16 weights (updates smaller than half
+# a spacing vanish, section 5). So `unscale_` raises. The fix is not to call `.half()`: keep the model
+# in fp32 (the master weights) and let autocast cast each op's inputs.
+
+# %%
+p = torch.nn.Parameter(torch.randn(3).half())  # what model.half() makes of a weight
+opt = torch.optim.SGD([p], lr=0.1)
+scaler = torch.amp.GradScaler("cpu")
+scaler.scale((p.float() * 2).sum()).backward()
+try:
+    scaler.unscale_(opt)
+except ValueError as e:
+    print("ValueError:", e)
+
+# %% [markdown]
+# **Some ops refuse to autocast on CUDA.** `F.binary_cross_entropy` (and `nn.BCELoss`) takes
+# probabilities, and in fp16 a probability of 1 - 1e-4 rounds to 1.0, whose log is -inf. CUDA's
+# autocast therefore registers a kernel for it at the `AutocastCUDA` dispatch key ({{chapter dispatch}})
+# that only raises; use `F.binary_cross_entropy_with_logits` (`nn.BCEWithLogitsLoss`), which takes
+# the logits, fuses the sigmoid and computes in fp32. The kernel is in every build, so we can call
+# it directly at that key, even here without a GPU (CPU autocast has no such ban):
+
+# %%
+bce = torch.ops.aten.binary_cross_entropy.default
+try:
+    bce.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA), torch.rand(3), torch.rand(3))
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])
+
+# %% [markdown]
+# **bf16 is coarse.** With 8 significant bits, bf16 cannot tell 256 from 257, nor 1.0 from 1.003. That
+# is fine for activations and gradients, which are noisy anyway, and wrong for anything accumulated:
+# sums over long sequences, running statistics, optimizer state and the weights themselves stay fp32
+# (autocast's fp32 ops and the master weights of section 5 exist for this).
+
+# %%
+print(torch.tensor([256.0, 257.0, 1.003]).bfloat16().tolist())
+
+# %% [markdown]
 # ## Summary
 #
 # * A float is sign, exponent and mantissa; bf16 keeps fp32's range with 8 significant bits, fp16
@@ -838,6 +900,8 @@ check("amp.amp_speed", amp_train, hidden=True)
 #   accumulate in fp32.
 # * fp32 master weights keep the small updates; the savings are in the activations (2 bytes instead
 #   of 4) and, on tensor-core hardware, in time.
+# * In practice: use `torch.amp` (not the deprecated `torch.cuda.amp`), never `model.half()` with a
+#   GradScaler, BCE-with-logits instead of BCE under CUDA autocast, and fp32 for anything accumulated.
 #
 # Next: {{chapter distributed}} splits a training step across processes, where the gradients you just scaled are
 # all-reduced in buckets.

@@ -138,3 +138,15 @@ def test_checks_modules_import_cleanly_in_book_order():
     for slug in course.SLUGS:
         if (PKG / "checks" / f"{slug}.py").exists():
             assert importlib.import_module(f"ptinternals.checks.{slug}").CHAPTER.slug == slug
+
+
+def test_the_introduction_lists_every_chapter_in_book_order():
+    """book/intro.md's table names each chapter of ptinternals.course, in order (without numbers)."""
+    text = (ROOT / "book" / "intro.md").read_text()
+    rows = [line.split("|")[1].strip() for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith(("| chapter", "|---"))]
+    with_notebook = [s for s in course.SLUGS if (ROOT / "solutions" / f"{s}.py").exists()]
+    assert len(rows) == len(with_notebook), (rows, with_notebook)
+    for row, slug in zip(rows, with_notebook):
+        words = {w.strip("`,:()").lower() for w in course.title(slug).split()}
+        assert words & {w.strip("`,:()").lower() for w in row.split()} - {"the", "and", "a", "of"}, (row, slug)
