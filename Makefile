@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 export PTINTERNALS_REPO := $(CURDIR)
 
-.PHONY: book test lint venv lab notebooks check-notebooks bench gpu-check gpu-check-dry clean
+.PHONY: book test lint venv lab notebooks check-notebooks bench mutation gpu-check gpu-check-dry clean
 
 book: venv
 	PTINTERNALS_STATIC_BOOK=1 .venv/bin/jupyter-book build . --warningiserror --nitpick --keep-going --quiet
@@ -35,6 +35,12 @@ check-notebooks: venv
 
 bench: venv
 	$(PY) bench/run.py
+
+# Mutation testing of the exercises' checkers (cosmic-ray): one chapter, or every chapter when CHAPTER is
+# unset; writes bench/results/mutation-<date>-<slug>.{json,md}. Minutes per chapter, 2 worker processes.
+CHAPTER ?=
+mutation: venv
+	$(PY) bench/mutation.py $(CHAPTER) --jobs 2
 
 gpu-check:
 	autograder/gpu_check.sh

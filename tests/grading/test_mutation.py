@@ -1,0 +1,69 @@
+"""Mutation testing (``ptinternals.grading.mutation``, ``bench/mutation.py``) on one small exercise, so the
+benchmark cannot rot: mutants come from cosmic-ray's operators, only inside the solution region, with an
+identity that survives edits elsewhere; a worker process judges them; a mutant that loops forever times out.
+"""
+import os
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("CI"):
+    import cosmic_ray  # noqa: F401  (CI installs the dev extras: a missing library is a failure there)
+else:
+    pytest.importorskip("cosmic_ray", reason="cosmic-ray (the dev extras) is not installed in this venv")
+
+from ptinternals.grading import mutation  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CELL = '''def f(xs, k):
+    """Docstring."""
+    ### BEGIN SOLUTION
+    total = 0
+    for x in xs:
+        total += x * k
+    if total < 0:
+        raise ValueError(f"negative total {total - 1}")
+    return total
+    ### END SOLUTION
+'''
+
+
+def test_mutants_lie_in_the_solution_region_with_a_stable_identity():
+    ms = mutation.mutants_of("demo.f", CELL, "f_code")
+    ops = {m.operator for m in ms}
+    assert {"core/ReplaceBinaryOperator_Mul_Add", "core/ReplaceComparisonOperator_Lt_LtE", "core/NumberReplacer",
+            "core/ZeroIterationForLoop", "course/ReplaceAugmentedAssignment"} <= ops
+    assert all(4 <= m.lineno <= 9 for m in ms), "mutated outside the solution region"
+    assert not [m for m in ms if "raise" in m.line], "an error message's text is not graded: it is not mutated"
+    assert len({m.source for m in ms}) == len(ms) and all(m.source != CELL for m in ms)
+    plus = next(m for m in ms if m.operator == "course/ReplaceAugmentedAssignment" and m.occurrence == 0)
+    assert plus.line == "total += x * k" and plus.mutated == "total = x * k"
+    # a line added above moves line numbers, not identities
+    moved = mutation.mutants_of("demo.f", CELL.replace("    total = 0\n", "    total = 0\n    k = k\n"), "f_code")
+    assert {m.key for m in ms} <= {m.key for m in moved}
+
+
+def test_a_mutant_that_loops_forever_is_stopped_by_its_time_limit():
+    loop = "def contiguous_strides(shape):\n    while True:\n        pass\n"
+    verdict = mutation.judge("strides.contiguous_strides", "contiguous_strides_code", loop, limit_s=0.5)
+    assert verdict.status == mutation.TIMEOUT and verdict.seconds < 5
+
+
+def test_a_chapter_run_on_one_exercise_kills_every_mutant():
+    """The whole path `make mutation` takes (a worker process, warm-up, verdicts, the report), on the
+    smallest exercise: every mutant of contiguous_strides is killed."""
+    rep = mutation.run_chapter("strides", exercises=["strides.contiguous_strides"], jobs=1)
+    (row,) = rep["exercises"]
+    assert row["error"] == "" and row["mutants"] >= 5, row
+    assert row["survived"] == 0 and row["score"] == 1.0, mutation.markdown(rep)
+    assert row["killed_by"].get("visible", 0) > 0 and len(rep["mutants"]) == row["mutants"]
+    assert "| strides.contiguous_strides | " in mutation.markdown(rep)
+
+
+@pytest.mark.parametrize("slug", sorted(p.parent.name for p in (ROOT / "tests").glob("*/equivalent_mutants.yaml")))
+def test_every_recorded_equivalent_names_a_mutant_of_todays_solution(slug):
+    from ptinternals.grading.exercise import load_chapter
+
+    mutants = [m for ex in load_chapter(slug).exercises for m in mutation.exercise_mutants(ex.id)]
+    assert mutation.load_equivalents(slug), f"tests/{slug}/equivalent_mutants.yaml is empty"
+    assert mutation.stale_equivalents(slug, mutants) == []
