@@ -81,6 +81,10 @@ class Exercise:
     timeout_s: float = 20.0  # for all cases of this exercise, in the sandbox
     probe: str | None = None  # "module:function" run sandbox-side instead of a plain call
     gpu: bool = False  # True: graded on a GPU when one is present (the device is in the result)
+    # The boundary classes the hidden cases must cover, by name: ``{"a size-0 dim": lambda case, expected:
+    # 0 in case.args[0]}``. tests/test_exercise_banks.py asserts each one holds for at least one hidden case
+    # (CONTRIBUTING.md, "Tests of the tests", lists the classes each kind of exercise must have).
+    boundary_classes: dict[str, Callable[[Case, Any], bool]] = {}
 
     # ---- to be provided by each exercise ---------------------------------------------------------
     def visible_cases(self) -> list[Case]:

@@ -1,18 +1,21 @@
-"""Helpers for testing the tests: solution cells, and banks of known-buggy implementations.
+"""Helpers for testing the tests: solution cells, banks of known-buggy implementations, reference twins
+and boundary classes.
 
 Every exercise's checker must accept the solution and reject each plausible wrong implementation in
-its chapter's bank (``tests/<package>/buggy.py``). The bank holds *source code*, so the same bugs
+its chapter's bank (``tests/<slug>/buggy.py``). The bank holds *source code*, so the same bugs
 also drive the end-to-end autograde tests (a bug is pasted into a student notebook's answer cell).
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import linecache
+import re
 from pathlib import Path
 
 import nbformat
 
-from .exercise import CheckFailure, check, load_chapter
+from .exercise import CheckFailure, Exercise, check, load_chapter
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -102,3 +105,56 @@ def rejects(exercise_id: str, source: str, entry: str | None = None) -> CheckFai
         except CheckFailure as failure:
             return failure
     return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Reference twins: "# twin: ptinternals.<slug>.<module>.<name>" inside the solution region
+# ------------------------------------------------------------------------------------------------
+TWIN = re.compile(r"^\s*# twin(?: (?P<entry>\w+))?:\s*(?P<target>\S.*?)\s*$")
+
+
+def twin_of(exercise_id: str, cell: str | None = None) -> str | None:
+    """What the exercise's solution names as its reference twin: a dotted path, ``"none (<why>)"``, or None
+    when its answer cell has no ``# twin:`` line. A cell that answers several exercises names each one's
+    twin with its entry point: ``# twin amp_speed: ptinternals.amp....``."""
+    chapter = load_chapter(exercise_id)
+    ex = chapter.exercise(exercise_id)
+    source = answer_sources(chapter.assignment)[cell or ex.answer_cell]
+    found = {m.group("entry"): m.group("target") for m in map(TWIN.match, source.splitlines()) if m}
+    return found.get(ex.entry, found.get(None))
+
+
+def load_twin(target: str):
+    """The object a twin line names (``ptinternals.strides.meta.view_strides``)."""
+    module, _, name = target.rpartition(".")
+    if not module.startswith("ptinternals."):
+        raise ValueError(f"a twin must live in the reference package ptinternals.<slug>, got {target!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+# ------------------------------------------------------------------------------------------------
+# Boundary classes: Exercise.boundary_classes, checked against the hidden cases
+# ------------------------------------------------------------------------------------------------
+def missing_boundary_classes(ex: Exercise) -> list[str]:
+    """The names of ``ex.boundary_classes`` that no hidden case falls in (a predicate that raises on a
+    case counts as False for it)."""
+    cases, expected = ex.cases_and_expected(hidden=True)
+    hidden = [(c, e) for c, e in zip(cases, expected) if c.hidden]
+
+    def holds(predicate, case, exp) -> bool:
+        try:
+            return bool(predicate(case, exp))
+        except Exception:
+            return False
+
+    return [name for name, predicate in ex.boundary_classes.items()
+            if not any(holds(predicate, c, e) for c, e in hidden)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Hints: the "likely cause" line of a failure
+# ------------------------------------------------------------------------------------------------
+def likely_cause(failure: CheckFailure) -> str | None:
+    """The failure's likely cause (the text after "likely cause:", its last part), or None when it has none."""
+    head, marker, hint = str(failure).partition("\n  likely cause: ")
+    return hint.strip() if marker else None
