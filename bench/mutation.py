@@ -13,7 +13,6 @@ A benchmark, not a test: it takes minutes. ``tests/grading/test_mutation.py`` ru
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -84,7 +83,7 @@ def main(argv=None) -> int:
         if exercises is None and not args.no_write:
             args.out.mkdir(parents=True, exist_ok=True)
             stem = args.out / f"mutation-{rep['date']}-{slug}"
-            stem.with_suffix(".json").write_text(json.dumps(rep, indent=1) + "\n")
+            stem.with_suffix(".json").write_text(mutation.to_json(rep))
             stem.with_suffix(".md").write_text(page)
             print(f"wrote {stem}.json and .md")
     return 0

@@ -502,7 +502,8 @@ def report(slug, ids, results, records, stale, *, jobs, seconds, operator_names)
     for i in ids:
         r = results[i]
         d = asdict(r)
-        d["score"] = r.score
+        d.update(score=r.score, baseline_s=round(r.baseline_s, 4), limit_s=round(r.limit_s, 1),
+                 seconds=round(r.seconds, 2))
         per_ex.append(d)
     total = ExerciseResult("total", *(sum(getattr(results[i], f) for i in ids)
                                       for f in ("mutants", "killed", "survived", "equivalent", "timeouts")))
@@ -518,12 +519,27 @@ def report(slug, ids, results, records, stale, *, jobs, seconds, operator_names)
                                                                      "timeouts")}, "score": total.score},
         "exercises": per_ex,
         "stale_equivalents": stale,
-        "mutants": [{"exercise": r.mutant.exercise, "cell": r.mutant.cell, "operator": r.mutant.operator,
-                     "line": r.mutant.line, "occurrence": r.mutant.occurrence, "lineno": r.mutant.lineno,
-                     "mutant": r.mutant.mutated, "status": r.verdict.status, "phase": r.verdict.phase,
-                     "category": r.verdict.category, "seconds": round(r.verdict.seconds, 3),
-                     "message": r.verdict.message, "reason": r.reason} for r in records],
+        "mutants": [_row(r) for r in records],
     }
+
+
+def _row(r: Record) -> dict:
+    """One mutant of the report: empty fields left out (a killed mutant has no message or reason)."""
+    row = {"exercise": r.mutant.exercise, "operator": r.mutant.operator, "line": r.mutant.line,
+           "occurrence": r.mutant.occurrence, "lineno": r.mutant.lineno, "mutant": r.mutant.mutated,
+           "status": r.verdict.status, "phase": r.verdict.phase, "category": r.verdict.category,
+           "seconds": round(r.verdict.seconds, 3), "message": "" if r.verdict.status == KILLED else r.verdict.message,
+           "reason": r.reason}
+    return {k: v for k, v in row.items() if v != ""}
+
+
+def to_json(rep: dict) -> str:
+    """The report as JSON: the summary indented, then one line per mutant (so diffs between runs read)."""
+    import json
+
+    head = json.dumps({k: v for k, v in rep.items() if k != "mutants"}, indent=1)
+    rows = ",\n".join("  " + json.dumps(m) for m in rep["mutants"])
+    return head[:-2] + ',\n "mutants": [\n' + rows + "\n ]\n}\n"
 
 
 def markdown(rep: dict) -> str:
@@ -552,10 +568,10 @@ def markdown(rep: dict) -> str:
             continue
         lines += ["", f"## {title.format(rep['chapter'])}", ""]
         for m in rows:
-            why = f": {m['reason']}" if m["reason"] else ""
+            why = f": {m['reason']}" if m.get("reason") else ""
             lines.append(f"- `{m['exercise']}` line {m['lineno']} `{m['line']}` -> `{m['mutant']}` "
                          f"({m['operator']} #{m['occurrence']}){why}")
-    odd = [m for m in rep["mutants"] if m["reason"].startswith("listed as equivalent")]
+    odd = [m for m in rep["mutants"] if m.get("reason", "").startswith("listed as equivalent")]
     if rep["stale_equivalents"] or odd:
         lines += ["", "## Stale equivalents file entries", ""]
         lines += [f"- {s}" for s in rep["stale_equivalents"]]
