@@ -80,6 +80,7 @@ draw_view(y)
 def contiguous_strides(shape):
     """Row-major strides for `shape`, e.g. (2, 3, 4) -> (12, 4, 1)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.strides.meta.contiguous_strides
     strides = []
     running = 1
     for size in reversed(shape):
@@ -101,12 +102,14 @@ check("strides.contiguous_strides", contiguous_strides, hidden=True)
 # Write `storage_index(index, shape, strides, storage_offset)` returning the position in storage of
 # element `index` (a tuple with one int per dimension). Negative indices count from the end, as in
 # Python. An index outside its dimension must raise `IndexError`: reading past a view's edge would
-# silently read another element, which is exactly the bug this check exists to prevent.
+# silently read another element, which is exactly the bug this check exists to prevent. So must an
+# index with more or fewer entries than the view has dimensions (`x[i, j, k]` on a 2-d tensor raises).
 
 # %% [answer storage_index]
 def storage_index(index, shape, strides, storage_offset):
     """Storage position of element `index` of the view (shape, strides, storage_offset)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.strides.meta.storage_index
     if len(index) != len(shape):
         raise IndexError(f"index {index} has {len(index)} entries for {len(shape)} dims")
     position = storage_offset
@@ -156,6 +159,7 @@ draw_view(yt)
 def is_contiguous(shape, strides):
     """True when (shape, strides) is row-major, skipping size-1 dims; empty tensors are contiguous."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.strides.meta.is_contiguous
     for size in shape:
         if size == 0:
             return True
@@ -258,6 +262,7 @@ for label, fn in [("view (free)", lambda: big.view(-1)), ("t().contiguous() (cop
 def view_strides(shape, strides, new_shape):
     """Strides for viewing (shape, strides) as new_shape, or None (ATen's computeStride)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.strides.meta.view_strides
     if len(shape) == 0:
         return tuple(1 for _ in new_shape)
     numel = 1
@@ -334,6 +339,7 @@ except RuntimeError as e:
 def expand_strides(shape, strides, target):
     """(shape, strides) of `tensor.expand(target)`; ValueError if they do not broadcast."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.strides.meta.expand_meta
     if len(target) < len(shape):
         raise ValueError(f"cannot expand {len(shape)} dims to {len(target)}")
     lead = len(target) - len(shape)
@@ -391,6 +397,7 @@ draw_view(sl)
 def slice_view(shape, strides, offset, dim, start, stop, step):
     """(shape, strides, offset) of x[..., start:stop:step, ...] on dimension `dim`."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.strides.meta.slice_meta
     size = shape[dim]
     start, stop, step = slice(start, stop, step).indices(size)
     length = max(0, (stop - start + step - 1) // step)
@@ -434,6 +441,7 @@ draw_view(win)
 def sliding_windows(x, size, step):
     """Windows along the last dim of x, as a view: same as x.unfold(-1, size, step)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.strides.windows.sliding_windows
     *lead, n = x.shape
     *lead_strides, s = x.stride()
     count = (n - size) // step + 1
@@ -465,6 +473,7 @@ check("strides.sliding_windows", sliding_windows, hidden=True)
 def im2col(x, kernel_size, stride):
     """Patches of x (C, H, W) as a (C, kh, kw, H_out, W_out) view."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.strides.windows.im2col
     kh, kw = kernel_size
     c, h, w = x.shape
     sc, sh, sw = x.stride()
