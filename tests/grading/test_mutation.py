@@ -62,8 +62,8 @@ def test_a_chapter_run_on_one_exercise_kills_every_mutant():
 
 @pytest.mark.parametrize("slug", sorted(p.parent.name for p in (ROOT / "tests").glob("*/equivalent_mutants.yaml")))
 def test_every_recorded_equivalent_names_a_mutant_of_todays_solution(slug):
-    from ptinternals.grading.exercise import load_chapter
-
-    mutants = [m for ex in load_chapter(slug).exercises for m in mutation.exercise_mutants(ex.id)]
-    assert mutation.load_equivalents(slug), f"tests/{slug}/equivalent_mutants.yaml is empty"
+    listed = set(mutation.load_equivalents(slug))
+    assert listed, f"tests/{slug}/equivalent_mutants.yaml is empty"
+    mutants = [m for exercise_id in sorted({key[0] for key in listed})
+               for m in mutation.exercise_mutants(exercise_id, keys=listed)]
     assert mutation.stale_equivalents(slug, mutants) == []

@@ -143,23 +143,27 @@ def _in_error_message(node) -> bool:
     return False
 
 
-def mutants_of(exercise_id: str, source: str, cell: str, ops: dict | None = None) -> list[Mutant]:
+def mutants_of(exercise_id: str, source: str, cell: str, ops: dict | None = None,
+               keys: set | None = None) -> list[Mutant]:
     """Every mutant of ``source`` (an answer cell) inside its solution region, one per operator position,
     without duplicates (two operators making the same code count once) and without those that only change
-    an error message's text."""
+    an error message's text. ``keys``: make only the mutants with these keys (each one costs a parse)."""
     from cosmic_ray.ast import ast_nodes, get_ast
     from cosmic_ray.mutating import mutate_code
 
     region, lines = solution_lines(source), source.splitlines()
+    ops = ops or operators()
+    nodes = list(ast_nodes(get_ast(source)))  # one parse finds every position (finding does not change the tree)
     seen, out = {source}, []
-    for name, op in (ops or operators()).items():
-        positions = [(start, node) for node in ast_nodes(get_ast(source)) for start, _ in op.mutation_positions(node)]
+    for name, op in ops.items():
         per_line: Counter = Counter()
-        for occurrence, ((lineno, _), node) in enumerate(positions):
+        positions = [(start, node) for node in nodes for start, _ in op.mutation_positions(node)]
+        for occurrence, ((lineno, _), node) in enumerate(positions):  # cosmic-ray's occurrence: tree order
             text = lines[lineno - 1].strip()
             nth = per_line[text]
             per_line[text] += 1
-            if lineno not in region or _in_error_message(node):
+            if lineno not in region or _in_error_message(node) or (
+                    keys is not None and (exercise_id, name, text, nth) not in keys):
                 continue
             mutated = mutate_code(source, op, occurrence)
             if mutated is None or mutated in seen:
@@ -178,12 +182,12 @@ def answer_cell(exercise_id: str) -> str:
     return getattr(bank(slug), "ANSWER_CELL", {}).get(exercise_id) or get_exercise(exercise_id).answer_cell
 
 
-def exercise_mutants(exercise_id: str) -> list[Mutant]:
-    """The mutants of an exercise's solution cell."""
+def exercise_mutants(exercise_id: str, keys: set | None = None) -> list[Mutant]:
+    """The mutants of an exercise's solution cell (only those with ``keys``, when given)."""
     from .testing import answer_sources
 
     cell = answer_cell(exercise_id)
-    return mutants_of(exercise_id, answer_sources(exercise_id.split(".", 1)[0])[cell], cell)
+    return mutants_of(exercise_id, answer_sources(exercise_id.split(".", 1)[0])[cell], cell, keys=keys)
 
 
 def bank(slug: str):
