@@ -15,7 +15,7 @@ test: venv
 
 # Lint: ruff over every Python source (notebook sources with notebook rules), then the dead-code check.
 lint: venv
-	$(PY) -m ruff check src tests bench scripts autograder solutions
+	$(PY) -m ruff check src tests bench scripts autograder solutions/*.py
 	$(PY) scripts/dead_code.py
 
 venv:
