@@ -50,8 +50,11 @@ class Course:
         final = self.report_path(student, assignment)
         if not final.exists():
             return True
+        # A (re)collected submission is newer than its report. Collecting copies files with their mtimes
+        # (shutil.copytree), which may predate the report, so the change time (ctime, set when the copy is
+        # made) counts too, as does the folder itself.
         sub = self.submitted / student / assignment
-        newest = max((p.stat().st_mtime for p in sub.rglob("*") if p.is_file()), default=0.0)
+        newest = max(max(st.st_mtime, st.st_ctime) for st in map(os.stat, [sub, *sub.rglob("*")]))
         return newest > final.stat().st_mtime
 
 

@@ -136,6 +136,7 @@ def cmd_release(args) -> int:
 
 def cmd_collect(args) -> int:
     from .classroom import SAFE_ID
+    from .exchange import supersede
 
     root = find_root()
     name = _check_assignment(root, args.assignment)
@@ -163,9 +164,7 @@ def cmd_collect(args) -> int:
             continue
         dest = submitted / student / name
         if dest.exists():  # keep what was there: nothing a student handed in is ever deleted
-            keep = submitted / "_superseded" / student / f"{name}-{int(dest.stat().st_mtime)}"
-            keep.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(dest), str(keep))
+            supersede(dest, student, name)
         shutil.copytree(student_dir, dest)
         if not (dest / "timestamp.txt").exists():
             (dest / "timestamp.txt").write_text(time.strftime("%Y-%m-%d %H:%M:%S.000000 %Z"))

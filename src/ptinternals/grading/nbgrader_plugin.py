@@ -201,6 +201,8 @@ def configure(c, root: str | os.PathLike) -> None:
     # A quiz answers file must never be overwritten by one from the instructor's folder.
     c.Autograde.exclude_overwriting = {name: ["*.answers.json"] for name in _assignments(root)}
     c.ZipCollectApp.collector_plugin = "nbgrader.plugins.FileNameCollectorPlugin"
+    # Collecting a newer submission from the exchange keeps the older one (ptinternals.grading.exchange).
+    c.ExchangeFactory.collect = "ptinternals.grading.exchange.SupersedingCollect"
     c.FileNameCollectorPlugin.valid_ext = [".ipynb", ".json"]
 
 
