@@ -162,7 +162,11 @@ def grade_class(course: Course, assignment: str, students: list[str], *, workers
 
 
 def shard(students: list[str], spec: str | None) -> list[str]:
-    """``spec`` "i/N" keeps every N-th student starting at i (Slurm array index, Kubernetes job index)."""
+    """``spec`` "i/N" keeps every N-th student starting at i; "auto" takes i/N from the Slurm array task or the
+    Kubernetes Indexed Job this runs in (``scheduler.placement``), or keeps everyone outside one."""
+    from .scheduler import resolve_shard
+
+    spec = resolve_shard(spec)
     if not spec:
         return students
     m = re.fullmatch(r"(\d+)/(\d+)", spec)

@@ -91,12 +91,16 @@ def cmd_doctor(args) -> int:
         rows.append(("nbgrader", nbgrader.__version__))
     except Exception:
         rows.append(("nbgrader", "NOT INSTALLED: cannot autograde"))
-    device = pick_device()
-    info = describe(device)
+    ok = True
     rows.append(("cuda", f"{torch.version.cuda or 'none'}; available: {torch.cuda.is_available()}"
                  + (f", {torch.cuda.device_count()} device(s)" if torch.cuda.is_available() else "")))
-    rows.append(("grading device", f"{info.kind} ({info.name}); Triton {info.triton_mode}"))
-    ok = True
+    try:
+        device = pick_device(args.device)
+        info = describe(device)
+        rows.append(("grading device", f"{info.kind} ({info.name}); Triton {info.triton_mode}"))
+    except RuntimeError as e:
+        device, ok = "cpu", False
+        rows.append(("grading device", f"UNAVAILABLE: {e}"))
     try:
         mode, why = resolve_isolation(args.isolation, device)
         rows.append(("isolation", f"{mode} ({why})"))
@@ -105,18 +109,91 @@ def cmd_doctor(args) -> int:
         ok = False
     rows.append(("sandbox uid", "dedicated per worker (grader is root)" if os.geteuid() == 0
                  else "the grader's own user (process limits are per user)"))
-    try:
-        root = find_root()
-        rows.append(("course root", str(root)))
-        db = os.environ.get("PTGRADE_DB_URL") or f"sqlite:///{root}/autograder/gradebook.db"
-        rows.append(("gradebook", db.split("@")[-1] if "postgres" in db else db))
-        rows.append(("assignments", ", ".join(_assignments(root))))
-    except UsageError as e:
-        rows.append(("course root", str(e)))
+    cluster_rows, cluster_ok = _doctor_cluster(args)
+    rows += cluster_rows
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:>{width}}  {v}")
-    return EXIT_OK if ok and "NOT INSTALLED" not in dict(rows)["nbgrader"] else EXIT_ENV
+    return EXIT_OK if ok and cluster_ok and "NOT INSTALLED" not in dict(rows)["nbgrader"] else EXIT_ENV
+
+
+def _doctor_cluster(args) -> tuple[list[tuple[str, str]], bool]:
+    """What a (cluster) node will grade: scheduler task and shard, the gradebook, the assignment's submissions."""
+    from .scheduler import placement
+
+    rows, ok, shard_spec = [], True, None
+    try:
+        where = placement()
+        shard_spec = where.shard
+        rows.append(("scheduler", f"{where.scheduler}: {where.task}"))
+        rows.append(("shard (--shard auto)", shard_spec or "none: every submission"))
+    except ValueError as e:
+        rows.append(("shard (--shard auto)", f"UNUSABLE: {e}"))
+        ok = False
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        rows.append(("CUDA_VISIBLE_DEVICES", os.environ["CUDA_VISIBLE_DEVICES"] or "(empty: no GPU)"))
+    try:
+        root = find_root()
+    except UsageError as e:
+        return rows + [("course root", str(e))], ok
+    rows.append(("course root", str(root)))
+    db = args.db or os.environ.get("PTGRADE_DB_URL") or f"sqlite:///{root}/autograder/gradebook.db"
+    reachable, registered, detail = _gradebook_status(db, args.assignment)
+    rows.append(("gradebook", detail))
+    ok = ok and reachable
+    if not args.assignment:
+        rows.append(("assignments", ", ".join(_assignments(root))))
+        return rows, ok
+    from .classroom import Course, shard
+
+    name = _check_assignment(root, args.assignment)
+    if reachable and not registered:
+        # One task registers it fine; several tasks at once race to insert the same rows.
+        rows.append((name, f"NOT in the gradebook: run `ptgrade release {name} --db ...` once"
+                     + (" before submitting the array" if shard_spec else " (autograde would register it)")))
+        ok = ok and not shard_spec
+    course = Course(root, db)
+    everyone = course.students_with(name)
+    mine = shard(everyone, shard_spec)
+    todo = [s for s in mine if course.needs_grading(s, name)]
+    listed = ", ".join(todo[:20]) + (", ..." if len(todo) > 20 else "")
+    rows.append(("submissions", f"{len(everyone)} of {name}; this shard {len(mine)}, to grade {len(todo)}"
+                 + (f": {listed}" if todo else "")))
+    return rows, ok
+
+
+def _gradebook_status(db_url: str, assignment: str | None) -> tuple[bool, bool, str]:
+    """(reachable, assignment registered, one line) for the gradebook at ``db_url``, without creating anything."""
+    from urllib.parse import unquote
+
+    from sqlalchemy import create_engine, inspect, text
+    from sqlalchemy.engine import make_url
+
+    from .nbgrader_plugin import normalize_db_url
+
+    url = make_url(normalize_db_url(db_url))
+    shown = unquote(make_url(db_url).render_as_string(hide_password=True))
+    if url.get_backend_name() == "sqlite":
+        path = Path(url.database or "")
+        if not path.exists():
+            usable = os.access(path.parent, os.W_OK)
+            return usable, False, f"{shown}: {'not created yet' if usable else 'UNREACHABLE: its folder is not writable'}"
+    connect_args = {"connect_timeout": 10} if url.get_backend_name() == "postgresql" else {}
+    engine = create_engine(url, connect_args=connect_args)
+    try:
+        with engine.connect() as conn:
+            if "notebook" not in inspect(conn).get_table_names():
+                return True, False, f"{shown}: reachable, empty"
+            names = [r[0] for r in conn.execute(text("SELECT name FROM assignment ORDER BY name"))]
+            registered = bool(assignment) and bool(conn.execute(text(
+                "SELECT count(*) FROM notebook n JOIN assignment a ON n.assignment_id = a.id WHERE a.name = :name"),
+                {"name": assignment}).scalar())
+    except Exception as e:  # the driver's own message says why (no such host, refused, authentication)
+        first = str(getattr(e, "orig", e)).strip().splitlines()
+        return False, False, f"{shown}: UNREACHABLE: {first[0] if first else type(e).__name__}"
+    finally:
+        engine.dispose()
+    return True, registered, f"{shown}: reachable, assignments: {', '.join(names) or 'none'}"
 
 
 def cmd_release(args) -> int:
@@ -294,8 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    sp = add("doctor", cmd_doctor, "report versions, the device and the isolation grading will use")
+    sp = add("doctor", cmd_doctor, "report what grading here will use: versions, device, isolation, scheduler "
+             "task and shard, gradebook (exit 3 if this machine cannot grade)")
     sp.add_argument("--isolation", choices=["auto", "bwrap", "process"], default="auto")
+    sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    sp.add_argument("--db", help="gradebook URL to check (default: $PTGRADE_DB_URL or sqlite)")
+    sp.add_argument("--assignment", help="also report its submissions in this task's shard and whether it is registered")
     sp = add("release", cmd_release, "generate the student notebook and register the assignment")
     sp.add_argument("assignment")
     sp.add_argument("--exchange", action="store_true", help="also release to nbgrader's exchange (JupyterHub)")
@@ -315,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     sp.add_argument("--isolation", choices=["auto", "bwrap", "process"], default="auto",
                     help="bwrap refuses to grade without bubblewrap; auto falls back to a plain process")
-    sp.add_argument("--shard", help="i/N: grade every N-th submission starting at i (Slurm/Kubernetes arrays)")
+    sp.add_argument("--shard", help="i/N: grade every N-th submission starting at i; auto: this Slurm array task's or "
+                    "Kubernetes Indexed Job pod's shard (see ptgrade doctor)")
     sp.add_argument("--force", action="store_true", help="regrade submissions that are already graded")
     sp.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     sp.add_argument("--db", help="gradebook URL, e.g. postgresql://user@host/db (default: $PTGRADE_DB_URL or sqlite)")

@@ -138,8 +138,23 @@ class TrustedGrade(_CoursePreprocessor):
         path = root / info["student"] / f"{info['assignment']}.pending.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(report.to_json())
+        record = json.loads(report.to_json())
+        record["graded_by"] = _graded_by()
+        tmp.write_text(json.dumps(record, indent=1))
         os.replace(tmp, path)
+
+
+def _graded_by() -> dict:
+    """Which machine and scheduler task graded a submission (for tracing a class graded by a job array)."""
+    import socket
+
+    from .scheduler import placement
+
+    try:
+        task = placement().task
+    except ValueError as e:
+        task = f"unknown ({e})"
+    return {"host": socket.gethostname(), "pid": os.getpid(), "task": task}
 
 
 class StripHiddenTests(NbGraderPreprocessor):
