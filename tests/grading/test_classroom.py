@@ -5,9 +5,7 @@ submission deserves, whatever the number of workers, the database, or interrupti
 """
 import csv
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -99,49 +97,7 @@ def test_killed_midway_then_rerun_gives_the_same_gradebook(tmp_path_factory):
     assert exported(root) == EXPECTED
 
 
-# ---- PostgreSQL -------------------------------------------------------------------------------------------
-def _pg_bin(name: str) -> str | None:
-    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
-    return str(found[-1]) if found else shutil.which(name)
-
-
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory):
-    """A private PostgreSQL server (Debian's package; .ci/run installs it) on a Unix socket."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if not initdb or not pg_ctl:
-        pytest.skip("PostgreSQL server binaries are not installed (apt-get install postgresql)")
-    base = tmp_path_factory.mktemp("pg")
-    data, sock = base / "data", base / "sock"
-    sock.mkdir()
-    run_as = []
-    if os.geteuid() == 0:  # the server refuses to run as root
-        import pwd
-
-        user = pwd.getpwnam("postgres") if "postgres" in {p.pw_name for p in pwd.getpwall()} else None
-        if user is None:
-            pytest.skip("running as root without a 'postgres' user")
-        os.chmod(base, 0o777)
-        os.chown(sock, user.pw_uid, user.pw_gid)
-        for p in [base, *base.parents]:
-            if p == Path("/"):
-                break
-            os.chmod(p, os.stat(p).st_mode | 0o011)  # let the postgres user traverse to the folder
-        run_as = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    subprocess.run(run_as + [initdb, "-D", str(data), "-A", "trust", "-U", "grader", "--no-sync"], check=True,
-                   capture_output=True)
-    subprocess.run(run_as + [pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "start", "-o",
-                             f"-p {port} -k {sock} -c listen_addresses='' -c max_connections=50 -c fsync=off"],
-                   check=True, capture_output=True)
-    subprocess.run(run_as + [_pg_bin("createdb") or "createdb", "-h", str(sock), "-p", str(port), "-U", "grader",
-                             "course"], check=True, capture_output=True)
-    yield f"postgresql://grader@/course?host={sock}&port={port}"
-    subprocess.run(run_as + [pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
-
-
+# ---- PostgreSQL (the `postgres` fixture is in conftest.py) -------------------------------------------
 @pytest.mark.postgres
 def test_concurrent_grading_against_postgres_killed_and_rerun(tmp_path_factory, postgres):
     root = new_course(tmp_path_factory)
