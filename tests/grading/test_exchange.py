@@ -1,7 +1,8 @@
 """The JupyterHub path end to end, through nbgrader's own filesystem exchange, exactly as book/instructors.md
 tells it: the instructor releases, the student fetches, answers (the quiz answers file beside the notebook)
-and submits, the instructor collects, grades and releases feedback, the student fetches it; then the student
-resubmits, and the newer submission is graded while the earlier one is kept.
+and submits, the instructor collects; the student resubmits, the instructor collects again (the earlier
+submission is kept), grades and releases feedback, and the student fetches it. Regrading a submission
+collected after an earlier one was graded is test_collect_from_exchange_keeps_every_version's part.
 
 As root the instructor and the student are two Unix users with their own homes, as on a multi-user hub
 (nbgrader's exchange then checks real owners and modes); otherwise both roles are the current user.
@@ -60,15 +61,17 @@ def scores(course) -> dict:
         return {s.student_id: s.score for s in gb.assignment_submissions("strides")}
 
 
-def test_release_submit_collect_grade_feedback_resubmit(hub):
+def test_release_fetch_submit_resubmit_collect_grade_feedback(hub):
     teacher, student = hub.instructor, hub.student
     course = make_course(teacher.home / "course")
     teacher.give(course)
     env = {"PTGRADE_COURSE": COURSE}  # the course id both sides name (students: in their nbgrader config)
     ptgrade = lambda *args: teacher.run(BIN / "ptgrade", *args, cwd=course, env=env)  # noqa: E731
     nbgrader = lambda *args: student.run(BIN / "nbgrader", *args)  # noqa: E731
+    name = student.name
+    submitted = course / "autograder" / "submitted" / name / "strides"
 
-    # ---- release; the student fetches, works, answers the quiz, submits
+    # ---- release; the student fetches, works, answers the quiz (beside the notebook), submits
     ptgrade("release", "strides", "--exchange")
     assert (hub.exchange / COURSE / "outbound" / "strides" / "strides.ipynb").is_file()
     nbgrader("fetch_assignment", "strides")
@@ -77,44 +80,32 @@ def test_release_submit_collect_grade_feedback_resubmit(hub):
     record_quiz(hub, work, RIGHT)
     assert (work / "strides.answers.json").is_file()
     nbgrader("submit", "strides")
-
-    # ---- the instructor collects (the answers file came along), grades and releases feedback
     out = ptgrade("collect", "strides", "--exchange")
-    name = student.name
-    first = course / "autograder" / "submitted" / name / "strides"
-    assert (first / "strides.ipynb").is_file() and (first / "strides.answers.json").is_file(), out
+    assert (submitted / "strides.ipynb").is_file() and (submitted / "strides.answers.json").is_file(), out
     if hub.distinct_users:
-        assert os.stat(first / "strides.ipynb").st_uid == teacher.uid  # a copy the instructor owns
-    ptgrade("autograde", "strides", "--quiet")
-    assert scores(course) == {name: FULL - 3}
-    ptgrade("feedback", "strides", "--exchange")
-    nbgrader("fetch_feedback", "strides")
-    (stamp1,) = os.listdir(work / "feedback")
-    html = (work / "feedback" / stamp1 / "strides.html").read_text()
-    assert f"(Score: {FULL - 3} / {FULL})" in html and "BEGIN HIDDEN TESTS" not in html
+        assert os.stat(submitted / "strides.ipynb").st_uid == teacher.uid  # the instructor's own copy
 
-    # ---- the student fixes view_strides and submits again: the newer submission is graded, the older kept
+    # ---- the student fixes view_strides and submits again: collected, while the first one is kept
     answer(work / "strides.ipynb")
     nbgrader("submit", "strides")
+    assert len(list((hub.exchange / COURSE / "inbound").iterdir())) == 2  # the exchange keeps both
     out = ptgrade("collect", "strides", "--exchange")
     assert "Kept the earlier submission" in out, out
     (kept,) = (course / "autograder" / "submitted" / "_superseded" / name).iterdir()
     sources = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source
                for c in nbformat.read(kept / "strides.ipynb", as_version=4).cells}
-    assert sources["view_strides_code"] == VIEW_BUG  # the first, buggy version
-    assert (kept / "strides.answers.json").is_file()
-    assert Course(course).needs_grading(name, "strides")
+    assert sources["view_strides_code"] == VIEW_BUG  # the first, buggy version, with its answers file
+    assert (kept / "strides.answers.json").is_file() and (submitted / "strides.answers.json").is_file()
+
+    # ---- the newer submission is graded (quiz included: the answers file travelled) and fed back
     ptgrade("autograde", "strides", "--quiet")
     assert scores(course) == {name: FULL}
     ptgrade("feedback", "strides", "--exchange")
     nbgrader("fetch_feedback", "strides")
-    stamps = sorted(os.listdir(work / "feedback"))
-    assert len(stamps) == 2 and stamp1 in stamps  # feedback on each submission, the first one unchanged
-    (stamp2,) = set(stamps) - {stamp1}
-    assert f"(Score: {FULL} / {FULL})" in (work / "feedback" / stamp2 / "strides.html").read_text()
-    assert html == (work / "feedback" / stamp1 / "strides.html").read_text()
-    inbound = list((hub.exchange / COURSE / "inbound").iterdir())
-    assert len(inbound) == 2  # the exchange keeps both submissions too
+    (stamp,) = os.listdir(work / "feedback")  # feedback for the submission that was graded, not the first
+    assert stamp == (submitted / "timestamp.txt").read_text().strip()
+    html = (work / "feedback" / stamp / "strides.html").read_text()
+    assert f"(Score: {FULL} / {FULL})" in html and "BEGIN HIDDEN TESTS" not in html
     print("\n" + "\n".join(f"{s:6.1f} s  {cmd}" for cmd, s in hub.timings))
 
 
