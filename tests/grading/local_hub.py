@@ -28,7 +28,6 @@ class User:
     uid: int
     gid: int
     home: Path
-    created: bool = False
     timings: list = field(default_factory=list)  # (command, seconds), for the test's report
 
     def env(self, **extra: str) -> dict:
@@ -64,15 +63,28 @@ class LocalHub:
         self.exchange = self.base / "exchange"
         self.exchange.mkdir()
         os.chmod(self.exchange, 0o1777)  # as a hub admin creates it: everyone writes, the sticky bit guards
-        tag = secrets.token_hex(3)
-        self.instructor = self._user(f"ptg-instructor-{tag}")
-        self.student = self._user(f"ptg-student-{tag}")
+        tag, self._created = secrets.token_hex(3), []
+        try:
+            self.instructor = self._user(f"ptg-instructor-{tag}")
+            self.student = self._user(f"ptg-student-{tag}")
+        except BaseException:
+            self.close()
+            raise
         self.timings = self.instructor.timings = self.student.timings = []  # one log, in the order commands ran
         for user, extra in ((self.instructor, ""), (self.student, f"c.CourseDirectory.course_id = {COURSE!r}\n")):
             config = user.home / ".jupyter" / "nbgrader_config.py"
             config.parent.mkdir(parents=True)
             config.write_text(f"c = get_config()  # noqa: F821\nc.Exchange.root = {str(self.exchange)!r}\n{extra}")
             user.give(user.home)
+
+    def check(self) -> None:
+        """Both users must run the course's Python, as the grading sandbox's uids must."""
+        if self.distinct_users:
+            try:
+                self.student.run(BIN / "python", "-c", "import ptinternals.quiz.answers")
+            except AssertionError as e:
+                raise AssertionError(f"another user cannot run {BIN / 'python'} with this repository's packages: the "
+                                     f"repository and its .venv must be readable by other users\n{e}") from None
 
     @property
     def distinct_users(self) -> bool:
@@ -86,12 +98,12 @@ class LocalHub:
             return User(me.pw_name, me.pw_uid, me.pw_gid, home)
         subprocess.run(["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/usr/sbin/nologin",
                         "--user-group", name], check=True, capture_output=True)
+        self._created.append(name)
         entry = pwd.getpwnam(name)
-        return User(name, entry.pw_uid, entry.pw_gid, home, created=True)
+        return User(name, entry.pw_uid, entry.pw_gid, home)
 
     def close(self) -> None:
-        for user in (self.student, self.instructor):
-            if user.created:  # every command ran to completion (subprocess.run), so nothing of theirs is left
-                subprocess.run(["userdel", user.name], capture_output=True)
+        for name in reversed(self._created):  # every command ran to completion (subprocess.run): none left running
+            subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)
 

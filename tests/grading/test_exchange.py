@@ -29,8 +29,11 @@ VIEW_BUG = BUGGY["strides.view_strides"]["ignores_size_one_dims"][0]  # costs vi
 @pytest.fixture(scope="module")
 def hub():
     hub = LocalHub()
-    yield hub
-    hub.close()
+    try:
+        hub.check()
+        yield hub
+    finally:
+        hub.close()
 
 
 def answer(notebook, replace: dict | None = None) -> None:
