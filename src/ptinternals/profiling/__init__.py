@@ -1,0 +1,22 @@
+"""Profiling and the host-device boundary: the reference implementation of the ``profiling`` chapter.
+
+Modules (one idea each, each naming the PyTorch source it mirrors):
+
+    sync_rules       which ATen ops make the host wait for a CUDA device, and why (the kernels that
+                     reach c10::cuda::memcpy_and_sync / stream_synchronize)
+    placement        which (emulated) tensors live on the device or in pinned memory, per storage
+    host_boundary    a TorchFunctionMode: transfers, printing, one_hot; CUDA emulation on a CPU build
+    sync_detector    SyncDetector (a TorchDispatchMode over both layers), find_syncs
+    sync_programs    generated programs with known syncs; real_sync_lines (set_sync_debug_mode, GPU)
+    async_device     SimulatedDevice: host clock, streams, events, copies, launch queue, record_stream
+    timing           naive vs synchronised vs event timing; median and IQR; torch.utils.benchmark
+    overlap          a training step's copy/compute timeline: simulate_training, predict_step_us
+    trace_analysis   exported Chrome traces: self/total time per op, GPU idle gaps, top kernels
+    profile_step     torch.profiler with schedule + record_function; the capstone's step, its top costs
+
+Figures live in ``ptinternals.viz.profiling``.
+"""
+from .sync_detector import SyncDetector, SyncEvent, find_syncs
+from .sync_rules import REASONS, sync_reason
+
+__all__ = ["SyncDetector", "SyncEvent", "find_syncs", "REASONS", "sync_reason"]
