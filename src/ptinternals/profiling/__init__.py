@@ -16,7 +16,16 @@ Modules (one idea each, each naming the PyTorch source it mirrors):
 
 Figures live in ``ptinternals.viz.profiling``.
 """
+from .async_device import Event, SimulatedDevice, Stream
+from .overlap import LOOPS, StepCosts, predict_step_us, simulate_training
 from .sync_detector import SyncDetector, SyncEvent, find_syncs
 from .sync_rules import REASONS, sync_reason
+from .timing import TimingResult, benchmark_torch, event_time_ms, naive_time_ms, synced_time_ms
+from .trace_analysis import gpu_idle_gaps, load_trace, op_stats, top_kernels, top_ops
 
-__all__ = ["SyncDetector", "SyncEvent", "find_syncs", "REASONS", "sync_reason"]
+__all__ = [
+    "Event", "SimulatedDevice", "Stream", "LOOPS", "StepCosts", "predict_step_us", "simulate_training",
+    "SyncDetector", "SyncEvent", "find_syncs", "REASONS", "sync_reason", "TimingResult", "benchmark_torch",
+    "event_time_ms", "naive_time_ms", "synced_time_ms", "gpu_idle_gaps", "load_trace", "op_stats",
+    "top_kernels", "top_ops",
+]
