@@ -14,7 +14,9 @@ def small_step():
 
     def step():
         with record_function("forward"):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
+            logits = model(x)
+            # mean() runs aten::mean inside aten::mean: key_averages folds such pairs (_remove_dup_nodes)
+            loss = torch.nn.functional.cross_entropy(logits, y) + 0.01 * logits.square().mean()
         with record_function("backward"):
             loss.backward()
         with record_function("optimizer"):

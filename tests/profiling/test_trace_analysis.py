@@ -17,6 +17,7 @@ from ptinternals.profiling.trace_analysis import (
     keys_inside_steps,
     load_trace,
     op_stats,
+    remove_dup_nodes,
     top_kernels,
     top_ops,
 )
@@ -73,6 +74,18 @@ def test_nesting_boundaries():
     assert stats["outer2"].self_us == 10 and stats["partial"].self_us == 5   # partial overlap: no link
 
 
+def test_an_op_calling_itself_is_folded_like_key_averages():
+    trace = {"traceEvents": [
+        _x("aten::mean", 0, 10), _x("aten::mean", 1, 8), _x("aten::sum", 2, 3, **{"External id": 5}),
+        _x("k", 20, 4, cat="kernel", tid=7, **{"External id": 5}),
+        _x("aten::add", 20, 10), _x("aten::add", 21, 2), _x("aten::add", 24, 2),    # two children: kept
+    ]}
+    s = op_stats(trace)
+    assert (s["aten::mean"].count, s["aten::mean"].self_us, s["aten::mean"].total_us) == (1, 7, 10)
+    assert s["aten::add"].count == 3
+    assert s["aten::mean"].device_total_us == 4 and s["aten::sum"].device_self_us == 4
+
+
 @st.composite
 def nested_trace(draw):
     """Random well-nested intervals on two threads (each child inside its parent)."""
@@ -97,7 +110,7 @@ def test_self_time_partitions_each_thread(trace):
     events = complete_events(trace, ("cpu_op",))
     roots = build_tree(events)
     assert sum(s.self_us for s in stats.values()) == pytest.approx(sum(r.dur for r in roots))
-    assert sum(s.count for s in stats.values()) == len(events)
+    assert sum(s.count for s in stats.values()) == len(remove_dup_nodes(events))
 
 
 def test_device_time_goes_to_the_launching_op():

@@ -16,7 +16,8 @@ duration ``dur``, both in microseconds. Categories written by Kineto:
 its direct children's durations. On the host, children are found as torch does in
 ``EventList._populate_cpu_children`` (torch/autograd/profiler_util.py): per thread, events sorted by
 (start, -end), a stack of open parents; an event is a child of the innermost parent that contains it.
-``key_averages()`` then sums per name (``ProfilerStep#N`` are grouped as ``ProfilerStep*``).
+An op whose only child has its own name (``aten::mean`` calling ``aten::mean``) is folded into it
+(``_remove_dup_nodes``). ``key_averages()`` then sums per name (``ProfilerStep#N`` as ``ProfilerStep*``).
 Device time: a kernel belongs to the op that launched it (its *self* device time); an op's total
 device time adds its children's.
 """
@@ -122,6 +123,27 @@ def build_tree(events: list[TraceEvent]) -> list[TraceEvent]:
     return roots
 
 
+def remove_dup_nodes(events: list[TraceEvent], own_device: dict[int, float] | None = None) -> list[TraceEvent]:
+    """Fold an op into its parent when the parent has the same name and it is the parent's only child
+    (``aten::mean`` calling ``aten::mean``): ``EventList._remove_dup_nodes``. The child's children and
+    kernels move up (the parent's own kernels are replaced, as in torch). Returns the kept events."""
+    events = sorted(events, key=lambda ev: (ev.ts, -ev.end))
+    while True:
+        doomed = set()
+        for e in events:
+            p = e.parent
+            if p is not None and p.name == e.name and len(p.children) == 1:
+                p.children = e.children
+                if own_device is not None:
+                    own_device[id(p)] = own_device.get(id(e), 0.0)
+                for c in e.children:
+                    c.parent = p
+                doomed.add(id(e))
+        if not doomed:
+            return events
+        events = [e for e in events if id(e) not in doomed]
+
+
 def op_stats(trace, *, host_categories=None) -> dict[str, OpStats]:
     """Per op name: calls, total and self host time, total and self device time (microseconds).
 
@@ -144,6 +166,7 @@ def op_stats(trace, *, host_categories=None) -> dict[str, OpStats]:
         op = by_external.get(k.args.get("External id"))
         if op is not None:
             own_device[id(op)] += k.dur
+    host = remove_dup_nodes(host, own_device)
 
     device_total: dict[int, float] = {}
 
