@@ -22,7 +22,7 @@ def test_profile_steps_records_only_the_active_steps(tmp_path):
 
 def test_capstone_step_is_profiled_with_its_phases():
     torch.manual_seed(0)
-    step, model = capstone_step(batch_size=2, n_layer=1)
+    step = capstone_step(batch_size=2, n_layer=1)
     report = profile_steps(step, wait=0, warmup=1, active=1)
     assert set(report.phase_us()) == {"forward", "backward", "optimizer"}
     names = [n for n, _ in report.top(6)]

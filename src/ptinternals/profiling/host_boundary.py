@@ -53,13 +53,15 @@ def _tensors(tree) -> list[torch.Tensor]:
 class HostBoundary(TorchFunctionMode):
     """Judge Python-level transfers and reads; emulate CUDA placement on a CPU build.
 
-    ``on_event(api, reason)`` is called for every sync found at this level. While a call that this
+    ``on_event(api, reason, kind)`` is called for every sync found at this level (kind "implicit"), and
+    for ``non_blocking`` host-to-device copies from pageable memory (kind "stall": the host copies the
+    bytes to a staging buffer before it returns; ``set_sync_debug_mode`` does not report it). While a call that this
     layer judged is running, ``suppress`` is True (the ATen layer must not count it again);
     ``current_api`` is the Python call in progress and ``api_on_device`` whether it involves a device
     tensor (the ATen layer uses it to place the tensors that call creates).
     """
 
-    def __init__(self, placement: Placement, emulate: bool, on_event: Callable[[str, str], None]):
+    def __init__(self, placement: Placement, emulate: bool, on_event: Callable[[str, str, str], None]):
         super().__init__()
         if not isinstance(placement, Placement):
             raise TypeError(f"placement must be a Placement, got {type(placement).__name__}")
@@ -81,10 +83,10 @@ class HostBoundary(TorchFunctionMode):
         finally:
             self.suppress, self.current_api, self.api_on_device = outer
 
-    def _judged(self, reason: str | None, call: Callable[[], object]):
+    def _judged(self, reason: str | None, call: Callable[[], object], kind: str = "implicit"):
         """Run a call this layer has judged: report ``reason`` (if any) and hide its ATen ops."""
         if reason is not None:
-            self.on_event(self.current_api, reason)
+            self.on_event(self.current_api, reason, kind)
         self.suppress = True
         return call()
 
@@ -186,9 +188,12 @@ class HostBoundary(TorchFunctionMode):
     def _transfer(self, func, args, kwargs, x, *, to_device: bool, non_blocking: bool, dtype):
         """A copy across the boundary. ``non_blocking=False`` makes the host wait (Copy.cu: memcpy_and_sync)."""
         reason = None if non_blocking else ("host_to_device" if to_device else "device_to_host")
+        kind = "implicit"
+        if non_blocking and to_device and not self.placement.is_pinned(x):
+            reason, kind = "pageable_async", "stall"
         if self.emulate:
-            out = self._judged(reason, lambda: x.to(dtype=dtype, copy=True) if dtype is not None else x.clone())
+            out = self._judged(reason, lambda: x.to(dtype=dtype, copy=True) if dtype is not None else x.clone(), kind)
         else:
-            out = self._judged(reason, lambda: func(*args, **kwargs))
+            out = self._judged(reason, lambda: func(*args, **kwargs), kind)
         self._place(out, to_device)
         return out

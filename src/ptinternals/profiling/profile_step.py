@@ -87,30 +87,52 @@ def profile_steps(step: Callable[[], object], *, wait: int = 1, warmup: int = 1,
     return ProfileReport(trace_path, op_stats(trace_path), table, active, device)
 
 
-def capstone_step(device: str = "cpu", *, batch_size: int = 8, n_layer: int = 2, seed: int = 0):
-    """The capstone's training step ({{chapter gpt}}: ``ptinternals.gpt``) with ``record_function``
-    ranges around its phases; returns ``(step, model)``. Small sizes by default (a CPU demo)."""
+def capstone_parts(device: str = "cpu", *, batch_size: int = 8, n_layer: int = 2, seed: int = 0):
+    """The capstone's training step ({{chapter gpt}}: ``ptinternals.gpt``, as ``gpt.train.train_step``
+    runs it without AMP or DDP) cut into its three phases: ``(forward, backward, optimizer)``, callables
+    sharing the model, its AdamW and a batch stream. Small sizes by default (a CPU demo)."""
     from ptinternals.gpt import GPT, get_batch, load_corpus, make_config
     from ptinternals.gpt.loop import make_optimizer
 
     torch.manual_seed(seed)
     _, train, _ = load_corpus()
-    config = make_config("cpu", {"batch_size": batch_size, "n_layer": n_layer, "vocab_size": 0}).replace(
+    config = make_config("cpu", {"batch_size": batch_size, "n_layer": n_layer}).replace(
         vocab_size=int(train.max()) + 1, device=device)
     model = GPT(config).to(device)
-    optimizer = make_optimizer(model, config, device)
+    opt = make_optimizer(model, config, device)
     gen = torch.Generator().manual_seed(seed)
+    state: dict = {}
 
-    def step():
+    def forward():
         x, y = get_batch(train, config.batch_size, config.block_size, gen, device=device)
+        _, state["loss"] = model(x, y)
+        return state["loss"]
+
+    def backward():
+        state.pop("loss").backward()
+
+    def optimizer():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return forward, backward, optimizer
+
+
+def with_ranges(forward, backward, optimizer):
+    """One step that runs the three phases inside ``record_function`` ranges of their names."""
+    def step():
         with record_function("forward"):
-            _, loss = model(x, y)
+            loss = forward()
         with record_function("backward"):
-            loss.backward()
+            backward()
         with record_function("optimizer"):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer()
         return loss
 
-    return step, model
+    return step
+
+
+def capstone_step(device: str = "cpu", **kwargs):
+    """The capstone's step with ``forward``/``backward``/``optimizer`` ranges (see :func:`capstone_parts`)."""
+    return with_ranges(*capstone_parts(device, **kwargs))

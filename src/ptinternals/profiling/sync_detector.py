@@ -36,6 +36,7 @@ from .placement import Placement
 from .sync_rules import REASONS, sync_reason
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_OWN_FILES = {os.path.join(_HERE, f) for f in ("sync_detector.py", "host_boundary.py", "placement.py", "sync_rules.py")}
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
 
@@ -47,7 +48,8 @@ class SyncEvent:
     reason: str                 # a key of sync_rules.REASONS
     api: str | None             # the Python call it happened in ("torch.Tensor.item"), if any
     where: str                  # "file.py:41" of the program's line
-    kind: str = "implicit"      # "implicit" (set_sync_debug_mode reports it) or "explicit" (synchronize)
+    kind: str = "implicit"      # "implicit" (set_sync_debug_mode reports it), "explicit" (synchronize),
+    #                             "stall" (pageable non_blocking copy: the host waits, unreported by torch)
 
     def __str__(self) -> str:
         via = f" ({self.api})" if self.api and self.api != self.op else ""
@@ -55,11 +57,11 @@ class SyncEvent:
 
 
 def _program_line() -> str:
-    """The innermost frame that belongs to the program (not torch, not this package)."""
+    """The innermost frame that belongs to the program (not torch, not the detector itself)."""
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not (path.startswith(_HERE) or path.startswith(_TORCH)):
+        if not (path in _OWN_FILES or path.startswith(_TORCH)):
             return f"{os.path.basename(path)}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
@@ -70,10 +72,14 @@ class SyncDetector(TorchDispatchMode):
 
     ``emulate``: run CUDA programs on CPU tensors (default: when CUDA is unavailable). With a real
     GPU (``emulate=False``) the detector only watches; compare with ``torch.cuda.set_sync_debug_mode``.
+    ``rule``: the ATen-level judge, ``sync_rules.sync_reason`` by default (an exercise plugs its own in).
     """
 
-    def __init__(self, emulate: bool | None = None):
+    def __init__(self, emulate: bool | None = None, rule=sync_reason):
         super().__init__()
+        if not callable(rule):
+            raise TypeError(f"rule must be callable like sync_reason(func, args, kwargs, on_device), got {rule!r}")
+        self.rule = rule
         if emulate is None:
             emulate = not torch.cuda.is_available()
         if not isinstance(emulate, bool):
@@ -85,8 +91,8 @@ class SyncDetector(TorchDispatchMode):
         self._real_synchronize = None
 
     # ---- recording -----------------------------------------------------------------------------
-    def _api_event(self, api: str, reason: str) -> None:
-        self.events.append(SyncEvent(api, reason, api, _program_line()))
+    def _api_event(self, api: str, reason: str, kind: str = "implicit") -> None:
+        self.events.append(SyncEvent(api, reason, api, _program_line(), kind=kind))
 
     def _synchronize(self, device=None) -> None:
         self.events.append(SyncEvent("torch.cuda.synchronize", "explicit_synchronize", None, _program_line(),
@@ -114,7 +120,7 @@ class SyncDetector(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not self.boundary.suppress:
-            reason = sync_reason(func, args, kwargs, self.on_device)
+            reason = self.rule(func, args, kwargs, self.on_device)
             if reason is not None:
                 self.events.append(SyncEvent(str(func), reason, self.boundary.current_api, _program_line()))
         out = func(*args, **kwargs)
@@ -131,13 +137,18 @@ class SyncDetector(TorchDispatchMode):
         """The syncs set_sync_debug_mode would report (explicit synchronize() calls left out)."""
         return [e for e in self.events if e.kind == "implicit"]
 
+    def stalls(self) -> list[SyncEvent]:
+        """Pageable non_blocking copies: the host blocks while staging, and torch does not report it."""
+        return [e for e in self.events if e.kind == "stall"]
+
     def count_by_line(self) -> Counter:
         return Counter(e.where for e in self.implicit())
 
     def report(self) -> str:
         if not self.events:
             return "no host-device syncs"
-        lines = [f"{len(self.implicit())} implicit sync(s), {len(self.events) - len(self.implicit())} explicit"]
+        n_explicit = sum(e.kind == "explicit" for e in self.events)
+        lines = [f"{len(self.implicit())} implicit sync(s), {n_explicit} explicit, {len(self.stalls())} stall(s)"]
         lines += [f"  {e}" for e in self.events]
         return "\n".join(lines)
 

@@ -65,6 +65,7 @@ REASONS = {
     "device_to_host": "device-to-host copy with non_blocking=False: the host waits for it",
     "host_to_device": "host-to-device copy with non_blocking=False: the host waits for it",
     "one_hot_classes": "one_hot without num_classes reads indices.max() on the host",
+    "pageable_async": "non_blocking copy from pageable memory: the host stages the bytes (a stall set_sync_debug_mode does not report)",
     "explicit_synchronize": "torch.cuda.synchronize(): waits for every stream (on purpose)",
 }
 
