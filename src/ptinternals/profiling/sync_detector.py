@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_flatten
 
 from .host_boundary import HostBoundary
 from .placement import Placement
-from .sync_rules import REASONS, sync_reason
+from .scaffold import REASONS
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _OWN_FILES = {os.path.join(_HERE, f) for f in ("sync_detector.py", "host_boundary.py", "placement.py", "sync_rules.py")}
@@ -75,8 +75,10 @@ class SyncDetector(TorchDispatchMode):
     ``rule``: the ATen-level judge, ``sync_rules.sync_reason`` by default (an exercise plugs its own in).
     """
 
-    def __init__(self, emulate: bool | None = None, rule=sync_reason):
+    def __init__(self, emulate: bool | None = None, rule=None):
         super().__init__()
+        if rule is None:
+            from .sync_rules import sync_reason as rule
         if not callable(rule):
             raise TypeError(f"rule must be callable like sync_reason(func, args, kwargs, on_device), got {rule!r}")
         self.rule = rule

@@ -48,50 +48,12 @@ from typing import Callable
 
 import torch
 
-OnDevice = Callable[[object], bool]
+from .scaffold import REASONS, bind_arguments  # noqa: F401 - re-exported: the rule table's vocabulary
 
-# Reasons, worded for a person reading a profile. Keys are short ids the tests and exercises use.
-REASONS = {
-    "scalar_read": "reads a device scalar on the host (.item(), bool(), int(), float()): copy + cudaStreamSynchronize",
-    "nonzero": "output size is the number of nonzeros, which the host must read",
-    "bool_mask_index": "a boolean mask index becomes nonzero(): the host reads the count",
-    "host_index": "an index tensor on the host is copied to the device from pageable memory (waits)",
-    "masked_select": "output size is the number of selected elements, which the host must read",
-    "unique": "output size is the number of distinct values, which the host must read",
-    "repeat_interleave": "output size is repeats.sum(), read by the host (pass output_size= to avoid it)",
-    "bincount": "the number of bins is input.max() + 1, read by the host",
-    "histc_range": "histc with min == max reads the range from the data (min()/max() on the host)",
-    "bool_result": "the result is a Python bool, read from the device",
-    "device_to_host": "device-to-host copy with non_blocking=False: the host waits for it",
-    "host_to_device": "host-to-device copy with non_blocking=False: the host waits for it",
-    "one_hot_classes": "one_hot without num_classes reads indices.max() on the host",
-    "pageable_async": "non_blocking copy from pageable memory: the host stages the bytes (a stall set_sync_debug_mode does not report)",
-    "explicit_synchronize": "torch.cuda.synchronize(): waits for every stream (on purpose)",
-}
+OnDevice = Callable[[object], bool]
 
 _UNIQUE_OPS = {"_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"}
 _MASK_DTYPES = (torch.bool, torch.uint8)
-
-
-def bind_arguments(func, args: tuple, kwargs: dict | None) -> dict:
-    """The op's arguments by schema name, defaults filled in: ``histc(x, 4)`` -> {self, bins, min, max}."""
-    if not isinstance(func, torch._ops.OpOverload):
-        raise TypeError(f"func must be an ATen OpOverload (e.g. torch.ops.aten.nonzero.default), got {func!r}")
-    kwargs = kwargs or {}
-    bound = {}
-    schema_args = func._schema.arguments
-    if len(args) > len(schema_args):
-        raise ValueError(f"{func}: {len(args)} positional arguments for a schema with {len(schema_args)}")
-    for i, arg in enumerate(schema_args):
-        if i < len(args) and not arg.kwarg_only:
-            bound[arg.name] = args[i]
-        elif arg.name in kwargs:
-            bound[arg.name] = kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
-        else:
-            bound[arg.name] = None
-    return bound
 
 
 def _is_mask(index: object) -> bool:

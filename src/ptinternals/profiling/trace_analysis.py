@@ -23,14 +23,12 @@ device time adds its children's.
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-HOST_CATEGORIES = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
-DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+from .scaffold import DEVICE_CATEGORIES, HOST_CATEGORIES, load_trace  # noqa: F401 - re-exported
+
 _STEP = re.compile(r"^ProfilerStep#\d+$")
 
 
@@ -65,27 +63,6 @@ class OpStats:
     self_us: float = 0.0
     device_total_us: float = 0.0
     device_self_us: float = 0.0
-
-
-def load_trace(trace) -> dict:
-    """A trace dict from a path (``.json``, or ``.json.gz``) or an already loaded dict."""
-    if isinstance(trace, dict):
-        data = trace
-    elif isinstance(trace, (str, os.PathLike)):
-        path = os.fspath(trace)
-        if path.endswith(".gz"):
-            import gzip
-
-            with gzip.open(path, "rt") as f:
-                data = json.load(f)
-        else:
-            with open(path) as f:
-                data = json.load(f)
-    else:
-        raise TypeError(f"trace must be a path or a dict, got {type(trace).__name__}")
-    if not isinstance(data.get("traceEvents"), list):
-        raise ValueError("not a Chrome trace: no 'traceEvents' list")
-    return data
 
 
 def complete_events(trace, categories) -> list[TraceEvent]:
