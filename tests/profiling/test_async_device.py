@@ -190,3 +190,34 @@ def test_bad_call_arguments():
     d.free(buf)
     with pytest.raises(ValueError, match="already free"):
         d.free(buf)
+
+
+def test_a_graph_replay_pays_one_launch():
+    kernels = [(f"k{i}", 2) for i in range(50)]
+    eager = SimulatedDevice(launch_overhead_us=10)
+    for name, us in kernels:
+        eager.launch(name, us)
+    eager.synchronize()
+    graph = SimulatedDevice(launch_overhead_us=10)
+    graph.launch_graph(kernels)
+    graph.synchronize()
+    assert (eager.host_time, graph.host_time) == (10 * 50 + 2, 10 + 2 * 50)   # launch-bound vs kernel-bound
+    with pytest.raises(ValueError, match="at least one"):
+        graph.launch_graph([])
+
+
+def test_the_simulated_run_as_a_chrome_trace():
+    from ptinternals.profiling.trace_analysis import gpu_idle_gaps, op_stats, top_kernels
+
+    d = SimulatedDevice(launch_overhead_us=5)
+    d.host_work(20)
+    d.copy(1_000_000, pinned=True, non_blocking=True)
+    d.launch("gemm", 100)
+    d.host_work(200)
+    d.launch("relu", 10)
+    d.synchronize()
+    trace = d.chrome_trace()
+    assert top_kernels(trace, 3) == [("gemm", 1, 100.0), ("Memcpy HtoD", 1, 20.0), ("relu", 1, 10.0)]
+    assert op_stats(trace)["aten::gemm"].device_self_us == 100
+    # copy 25-45, gemm 45-145 (launched at 30, waits for the copy); 200 us of Python; relu from 235
+    assert gpu_idle_gaps(trace) == [(145.0, 235.0)]       # the host's Python starves the GPU

@@ -240,6 +240,45 @@ class SimulatedDevice:
         return self._enqueue(name, "kernel", _check_time("duration_us", duration_us), stream or self.current_stream,
                              self.launch_overhead_us, reads, writes)
 
+    def launch_graph(self, kernels, stream: Stream | None = None) -> list[WorkRecord]:
+        """Replay a captured CUDA graph: ``kernels`` is [(name, duration_us)], launched with *one*
+        launch overhead (cudaGraphLaunch) and run back to back on ``stream``."""
+        kernels = list(kernels)
+        if not kernels:
+            raise ValueError("kernels must hold at least one (name, duration_us) pair")
+        stream = stream or self.current_stream
+        first = self._enqueue(kernels[0][0], "kernel", _check_time("duration_us", kernels[0][1]), stream,
+                              self.launch_overhead_us)
+        out = [first]
+        for name, us in kernels[1:]:
+            out.append(self._enqueue(name, "kernel", _check_time("duration_us", us), stream, 0.0))
+        return out
+
+    def chrome_trace(self) -> dict:
+        """The run as a Chrome trace, in the layout ``prof.export_chrome_trace`` writes for CUDA: host
+        ops (``cpu_op``) around their runtime calls (``cuda_runtime``), device work on one row per
+        stream (``kernel``/``gpu_memcpy``) linked to its op by ``External id``."""
+        events = []
+        for i, r in enumerate(self.records):
+            if r.kind == "event":
+                continue
+            if r.stream < 0:
+                name, cat = ("host work", "user_annotation") if r.kind == "host" else ("cudaStreamSynchronize",
+                                                                                     "cuda_runtime")
+                events.append({"ph": "X", "cat": cat, "name": name if r.kind == "wait" else r.name, "pid": 0,
+                               "tid": 1, "ts": r.start, "dur": r.end - r.start, "args": {}})
+                continue
+            runtime = "cudaLaunchKernel" if r.kind == "kernel" else "cudaMemcpyAsync"
+            args = {"External id": i}
+            events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::{r.name}", "pid": 0, "tid": 1,
+                           "ts": r.launch_start, "dur": r.launch_end - r.launch_start, "args": dict(args)})
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": runtime, "pid": 0, "tid": 1,
+                           "ts": r.launch_start, "dur": r.launch_end - r.launch_start, "args": dict(args)})
+            events.append({"ph": "X", "cat": "kernel" if r.kind == "kernel" else "gpu_memcpy",
+                           "name": r.name if r.kind == "kernel" else f"Memcpy {'HtoD' if r.kind == 'h2d' else 'DtoH'}",
+                           "pid": 1, "tid": 7 + r.stream, "ts": r.start, "dur": r.end - r.start, "args": dict(args)})
+        return {"traceEvents": events, "displayTimeUnit": "ms", "traceName": "simulated device"}
+
     def copy_us(self, nbytes: int, pinned: bool) -> float:
         """Duration of a host<->device transfer of ``nbytes`` (pinned memory is DMA'd directly)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
