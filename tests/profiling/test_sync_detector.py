@@ -101,7 +101,15 @@ def test_rules_on_device_tensors():
     assert r(aten.histc.default, x, 4, 1.0, 1.0) == "histc_range"                # min == max at equality
     assert r(aten.repeat_interleave.Tensor, ind) == "repeat_interleave"
     assert r(aten.repeat_interleave.Tensor, ind, output_size=2) is None
+    assert r(aten.repeat_interleave.Tensor, ind, output_size=0) is None             # given, though falsy
     assert r(aten.repeat_interleave.self_int, x, 2) is None
+    assert r(aten.index_put_.default, x, [mask], torch.ones(1)) is None              # numel 1, not 0-d
+    u8 = mask.to(torch.uint8)
+    p.mark_device(u8)
+    assert r(aten.index.Tensor, x, [u8]) == "bool_mask_index"                       # uint8 masks too
+    assert r(aten.index_put_.default, x, [torch.tensor([0]), mask], host_scalar) == "host_index"
+    assert r(aten.nonzero.default, x[:0]) == "nonzero"                               # empty still waits
+    assert r(aten.add.Tensor, x, x) is None and r(aten.masked_fill_.Scalar, x, mask, 0.0) is None
 
 
 def test_masked_fill_dispatch_boundaries():
