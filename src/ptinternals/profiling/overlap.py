@@ -142,8 +142,40 @@ def simulate_training(costs: StepCosts, steps: int, loop: str, *, pinned: bool =
     return out
 
 
+def train_prefetch(device: SimulatedDevice, batches: list[int], compute_us: float, host_us: float) -> None:
+    """The prefetching loop, one kernel per step: batch ``i+1`` (``batches[i+1]`` bytes, pinned) is copied
+    on a side stream while step ``i`` computes. Names: copies ``batch{i}``, kernels ``step{i}``.
+
+    The order of each step is the one apex's ``data_prefetcher`` uses: the compute stream waits for the
+    batch's event (the host does not), the batch's block is recorded on the compute stream (so the
+    allocator cannot hand it to the next copy while step ``i`` still reads it), the next batch is loaded
+    and its copy queued, and only then is step ``i`` launched, so the copy overlaps the compute."""
+    side = device.Stream()
+    compute = device.current_stream
+
+    def load(i: int):
+        device.host_work(host_us)
+        buf = device.alloc(batches[i], side)
+        device.copy(batches[i], "h2d", pinned=True, non_blocking=True, stream=side, buffer=buf, name=f"batch{i}")
+        ready = device.Event()
+        ready.record(side)                      # marks the end of the copy on the side stream
+        return buf, ready
+
+    if not batches:
+        return
+    nxt = load(0)
+    for i in range(len(batches)):
+        buf, ready = nxt
+        compute.wait_event(ready)
+        buf.record_stream(compute)
+        if i + 1 < len(batches):
+            nxt = load(i + 1)
+        device.launch(f"step{i}", compute_us, reads=[buf])
+        device.free(buf)
+
+
 def predict_step_us(copy_pinned_us: float, copy_pageable_us: float, compute_us: float, host_us: float, loop: str,
-                    *, pinned: bool = True, item: bool = False) -> float:
+                    pinned: bool = True, item: bool = False) -> float:
     """Steady-state step time of ``loop`` when launches are free (see the module's table)."""
     _check_loop(loop)
     for name, v in (("copy_pinned_us", copy_pinned_us), ("copy_pageable_us", copy_pageable_us),

@@ -136,3 +136,11 @@ def with_ranges(forward, backward, optimizer):
 def capstone_step(device: str = "cpu", **kwargs):
     """The capstone's step with ``forward``/``backward``/``optimizer`` ranges (see :func:`capstone_parts`)."""
     return with_ranges(*capstone_parts(device, **kwargs))
+
+
+def capstone_costs(forward, backward, optimizer, trace_path: str) -> list[str]:
+    """Profile four steps of the three phases (wait 1, warm-up 1, active 2) on the CPU, export the trace
+    to ``trace_path`` and return the three ATen ops with the most self time in it."""
+    report = profile_steps(with_ranges(forward, backward, optimizer), wait=1, warmup=1, active=2,
+                           trace_path=trace_path)
+    return [name for name, _ in report.top(3)]

@@ -3,9 +3,13 @@
 - ``REASONS`` and ``bind_arguments``: the vocabulary of the sync rules and a schema-aware view of an
   ATen op's arguments (``histc(x, 4)`` -> {"self": x, "bins": 4, "min": 0, "max": 0});
 - ``HOST_CATEGORIES``, ``DEVICE_CATEGORIES`` and ``load_trace``: reading an exported Chrome trace;
-- the simulated device (``async_device``) and the detector's machinery (``placement``,
-  ``host_boundary``, ``sync_detector`` with a pluggable ATen rule) are scaffolding too; they are
-  re-exported lazily so that importing this module stays cheap.
+- ``make_model`` and ``make_batches``: the small classifier and the host batches of the training
+  loops (``training_loops``), the same for a given seed on both sides of the grading boundary.
+
+The simulated device (``async_device``) and the detector's machinery (``placement``,
+``host_boundary``, ``sync_recorder``, which takes the ATen rule as an argument) are scaffolding too:
+the grading sandbox ships them (``Chapter.sandbox_files``). The rule table (``sync_rules``), the
+timers, the overlap loops and the trace analysis are solutions, and it does not.
 """
 from __future__ import annotations
 
@@ -79,13 +83,40 @@ def load_trace(trace) -> dict:
     return data
 
 
+# ---- the training loops' model and data (``training_loops``; exercise train_fast) ----------------------------
+FEATURES, CLASSES, HIDDEN = 16, 4, 32
 
-def __getattr__(name):
-    lazy = {"SimulatedDevice": "async_device", "Stream": "async_device", "Event": "async_device",
-            "Buffer": "async_device", "Placement": "placement", "SyncDetector": "sync_detector",
-            "SyncEvent": "sync_detector"}
-    if name in lazy:
-        import importlib
 
-        return getattr(importlib.import_module(f"{__package__}.{lazy[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def make_model(seed: int = 0, device: str = "cuda") -> torch.nn.Module:
+    """A small classifier (16 -> 32 -> 4), the same weights for a given seed."""
+    g = torch.Generator().manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, CLASSES))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model.to(device)
+
+
+def make_batches(seed: int = 0, steps: int = 4, batch: int = 8, unlabelled: float = 0.25,
+                 all_unlabelled_at: int | None = None, pin: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` host batches (x: (batch, 16) float32, y: (batch,) int64 in [-1, 4)); -1 = unlabelled.
+
+    Every batch keeps at least one labelled row, except batch ``all_unlabelled_at`` (none at all)."""
+    for name, v, lo in (("steps", steps, 0), ("batch", batch, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    if not 0 <= unlabelled <= 1:
+        raise ValueError(f"unlabelled must be a fraction in [0, 1], got {unlabelled!r}")
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(steps):
+        x = torch.randn(batch, FEATURES, generator=g)
+        y = torch.randint(0, CLASSES, (batch,), generator=g)
+        labels = y.clone()
+        y[torch.rand(batch, generator=g) < unlabelled] = -1
+        if i == all_unlabelled_at:
+            y[:] = -1
+        elif bool((y < 0).all()):          # by chance: keep one labelled row (only all_unlabelled_at has none)
+            y[0] = labels[0]
+        out.append((x.pin_memory(), y.pin_memory()) if pin else (x, y))
+    return out

@@ -101,6 +101,13 @@ def event_time_ms(fn: Callable[[], object], backend, *, warmup: int = 3, reps: i
     return TimingResult(med, q3 - q1, tuple(samples), "device events")
 
 
+def time_gpu(fn: Callable[[], object], device, warmup: int = 3, reps: int = 10) -> tuple[float, float]:
+    """``(median, IQR)`` in milliseconds of ``fn()``'s device time: :func:`event_time_ms` as a pair (the
+    exercise's signature; ``device`` is a backend)."""
+    result = event_time_ms(fn, device, warmup=warmup, reps=reps)
+    return result.median, result.iqr
+
+
 # ---- real backends ----------------------------------------------------------------------------------
 class _HostEvent:
     """An 'event' on the host clock, for the CPU, where work is done when the call returns."""

@@ -215,6 +215,17 @@ def gpu_utilization(trace) -> float | None:
     return 1.0 if span == 0 else sum(e - s for s, e in busy) / span
 
 
+def op_times(trace) -> dict[str, tuple[int, float, float]]:
+    """``{name: (count, self_us, total_us)}`` of the host events: :func:`op_stats` in the exercise's shape."""
+    return {name: (s.count, s.self_us, s.total_us) for name, s in op_stats(trace).items()}
+
+
+def gpu_activity(trace, k: int = 3, min_gap_us: float = 0.0) -> dict:
+    """The device rows of a trace in one dict: idle ``gaps``, ``top_kernels`` and ``utilization``."""
+    return {"gaps": gpu_idle_gaps(trace, min_gap_us=min_gap_us), "top_kernels": top_kernels(trace, k),
+            "utilization": gpu_utilization(trace)}
+
+
 def keys_inside_steps(trace, *, host_categories=None) -> set[str]:
     """Names whose every event lies inside a ``ProfilerStep#N`` range. Python frames that straddle the
     profiler's start or stop (``<module>``, ``profiler.step``) are cut at the trace's edges, and even

@@ -25,45 +25,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-FEATURES, CLASSES, HIDDEN = 16, 4, 32
+from .scaffold import CLASSES, FEATURES, HIDDEN, make_batches, make_model  # noqa: F401 - re-exported
 
 
-def make_model(seed: int = 0, device: str = "cuda") -> torch.nn.Module:
-    """A small classifier (16 -> 32 -> 4), the same weights for a given seed."""
-    g = torch.Generator().manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, CLASSES))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.to(device)
-
-
-def make_batches(seed: int = 0, steps: int = 4, batch: int = 8, unlabelled: float = 0.25,
-                 all_unlabelled_at: int | None = None, pin: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``steps`` host batches (x: (batch, 16) float32, y: (batch,) int64 in [-1, 4)); -1 = unlabelled.
-
-    Every batch keeps at least one labelled row, except batch ``all_unlabelled_at`` (none at all)."""
-    for name, v, lo in (("steps", steps, 0), ("batch", batch, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    if not 0 <= unlabelled <= 1:
-        raise ValueError(f"unlabelled must be a fraction in [0, 1], got {unlabelled!r}")
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(steps):
-        x = torch.randn(batch, FEATURES, generator=g)
-        y = torch.randint(0, CLASSES, (batch,), generator=g)
-        labels = y.clone()
-        y[torch.rand(batch, generator=g) < unlabelled] = -1
-        if i == all_unlabelled_at:
-            y[:] = -1
-        elif bool((y < 0).all()):          # by chance: keep one labelled row (only all_unlabelled_at has none)
-            y[0] = labels[0]
-        out.append((x.pin_memory(), y.pin_memory()) if pin else (x, y))
-    return out
-
-
-def train_with_hidden_syncs(model, batches, *, lr: float = 0.1, device: str = "cuda") -> list[float]:
+def train_with_hidden_syncs(model, batches, lr: float = 0.1, device: str = "cuda") -> list[float]:
     """The loop as first written: four kinds of host sync per step (see the module docstring)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
@@ -81,7 +46,7 @@ def train_with_hidden_syncs(model, batches, *, lr: float = 0.1, device: str = "c
     return losses
 
 
-def train_without_syncs(model, batches, *, lr: float = 0.1, device: str = "cuda") -> list[float]:
+def train_without_syncs(model, batches, lr: float = 0.1, device: str = "cuda") -> list[float]:
     """The same losses, one host wait at the end (none at all when ``batches`` is empty)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
