@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Profiling and the host-device boundary
+# # {{title}}
 #
 # "My GPU sits at 40%." "Adding one `print` slowed training down." "Is the data loader the
 # bottleneck?" All three questions have the same two-part answer. First, the CPU (the *host*) and the
@@ -28,7 +28,14 @@
 # `raise NotImplementedError()` with your code) followed by a *check cell* that gives instant
 # feedback. Only the code inside answer cells is graded; define any helper you need inside the same
 # answer cell. The grader runs your code in a separate process, without the course's reference
-# implementation, on many more cases than the visible ones.
+# implementation, on many more cases than the visible ones. Quiz answers are recorded in
+# `profiling.answers.json` beside this notebook: **your first answer to each question counts**.
+#
+# **One CPU thread.** The setup cell below calls `torch.set_num_threads(1)`. The ops in this chapter's
+# demonstrations are tiny, and on a small shared machine PyTorch's worker threads spend more time
+# waking up than computing (a 64x64 matmul measured 48 ms with two threads on a busy 2-core machine,
+# 7 us with one): the profiles would show the thread pool, not the ops. One thread keeps every trace
+# readable and every timing repeatable. On your own machine, for your own models, leave the default.
 
 # %% [setup]
 import torch
@@ -36,12 +43,11 @@ import torch.nn.functional as F
 
 from ptinternals.grading import check
 from ptinternals.profiling.scaffold import DEVICE_CATEGORIES, HOST_CATEGORIES, REASONS, bind_arguments, load_trace
+from ptinternals.quiz import quiz_progress, show_quiz
 
 HAS_CUDA = torch.cuda.is_available()
 torch.manual_seed(0)
-# Tiny CPU ops are dominated by thread wake-ups on a busy 2-core machine; one thread keeps the
-# profiles in this notebook readable (on your own machine you may leave the default).
-torch.set_num_threads(1)
+torch.set_num_threads(1)  # tiny ops: one thread keeps profiles readable and timings repeatable (see above)
 
 # %% [markdown]
 # The demonstrations use the course's reference implementation (`ptinternals.profiling`). It is not
@@ -84,6 +90,9 @@ display(plot_simulated_timeline(dev, title="three launches: the host is done lon
 # *value* the device has not produced yet, it must wait for every kernel queued before it. That wait
 # is a **synchronisation** (sync), and while it lasts the host enqueues nothing: when the wait ends
 # the queue is empty and the GPU idles until the host catches up.
+
+# %% [quiz]
+show_quiz("profiling", "q1")
 
 # %% [markdown]
 # ## 2. What makes the host wait
@@ -170,7 +179,7 @@ print(det.report())
 # Every line of the loop that waits is there, with the reason and the ATen op or API call. The
 # weights' copy to the device counts too (two blocking host-to-device copies in `.to("cuda")`).
 #
-# ### Exercise: which ATen ops wait (`sync_reason`)
+# ### {{exercise sync_reason}}: which ATen ops wait
 #
 # Write the ATen half of the detector: `sync_reason(func, args, kwargs, on_device)` returns the id of
 # the reason why the op would make the host wait on CUDA, or `None`. `func` is an `OpOverload`
@@ -182,19 +191,21 @@ print(det.report())
 # * `"scalar_read"`: `_local_scalar_dense` of a device tensor;
 # * `"nonzero"`: `nonzero`; `"masked_select"`: `masked_select`; `"unique"`: any of `_unique`,
 #   `_unique2`, `unique_dim`, `unique_consecutive`, `unique_dim_consecutive`;
-# * `"bool_mask_index"`: `index` with a `bool`/`uint8` index tensor; `index_put_`/`index_put` with
-#   one, **unless** PyTorch turns it into `masked_fill_`: not `accumulate`, the value has exactly one
-#   element and is on the host, and the only index tensor is that one mask, on the same device as
-#   `self` (other entries of `indices` are `None`);
-# * `"host_index"`: `index`/`index_put_` of a device `self` with a non-mask index tensor on the host
-#   (checked before the mask rule for `index_put_`);
+# * `"bool_mask_index"`: `index` with a `bool`/`uint8` index tensor; `index_put_`/`index_put`/
+#   `_index_put_impl_` with one, **unless** PyTorch turns it into `masked_fill_`: not `accumulate`, the
+#   value has exactly one element and is on the host, and the only index tensor is that one mask, on
+#   the same device as `self` (other entries of `indices` are `None`);
+# * `"host_index"`: `index`/`index_put_` (and its variants) of a device `self` with a non-mask index
+#   tensor on the host (checked before the mask rule for `index_put_`);
 # * `"repeat_interleave"`: `repeat_interleave` whose `repeats` is a device tensor and whose
 #   `output_size` is `None`;
 # * `"bincount"`: `bincount`; `"histc_range"`: `histc` with `min == max`; `"bool_result"`: `equal`,
 #   `allclose`.
 #
 # Every rule applies only when the op's `self` is on the device (for `repeat_interleave`: its
-# `repeats`); anything else returns `None`.
+# `repeats`); anything else returns `None`. A rule only looks: it must not modify its arguments. The
+# checker calls your rule on ATen calls it builds (every op of the table, on the host and on the
+# device, and ops outside it) and plugs it into the detector on generated programs.
 
 # %%
 for reason, why in REASONS.items():
@@ -204,6 +215,7 @@ for reason, why in REASONS.items():
 def sync_reason(func, args, kwargs, on_device):
     """Why ``func(*args, **kwargs)`` makes the host wait on CUDA (a REASONS key), or None."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.profiling.sync_rules.sync_reason
     name = func.overloadpacket.__name__
     a = bind_arguments(func, args, kwargs)
     if name == "repeat_interleave":
@@ -267,6 +279,9 @@ except NotImplementedError:
     print("(your sync_reason is not written yet)")
 print("expected:", list(program.expected))
 
+# %% [quiz]
+show_quiz("profiling", "q2", "q3", "q4")
+
 # %% [markdown]
 # ## 3. Timing GPU work correctly
 #
@@ -320,21 +335,26 @@ m = benchmark.Timer(stmt="a @ a", globals={"a": a}).blocked_autorange(min_run_ti
 print(f"median {m.median * 1e6:.1f} us, IQR {m.iqr * 1e6:.1f} us over {len(m.times)} blocks of {m.number_per_run} runs")
 
 # %% [markdown]
-# ### Exercise: a GPU timer (`time_gpu`)
+# ### {{exercise time_gpu}}: a GPU timer
 #
 # Write `time_gpu(fn, device, warmup=3, reps=10)` returning `(median_ms, iqr_ms)` of `fn()`'s
 # *device* time. `device` offers what `torch.cuda` offers: `device.synchronize()`,
 # `device.Event(enable_timing=True)` with `.record()`, `.synchronize()` and `.elapsed_time(end)`
-# (milliseconds), and `device.perf_counter()` (the host clock, seconds). Warm up `warmup` times;
-# time `reps` runs, one pair of events per run; use the median and the interquartile range
-# (75th minus 25th percentile, linear interpolation as `numpy.percentile` does). Keep the queue
-# full: do not synchronise between timed runs. The checker runs your timer on simulated devices
-# (launch overheads, first-call costs, jitter) whose true kernel times it knows.
+# (milliseconds), and `device.perf_counter()` (the host clock, seconds). Warm up: call `fn()`
+# `warmup` times. Then time `reps` runs, recording one event just before and one just after each
+# call; a sample is `start.elapsed_time(end)`. Report the median and the interquartile range (75th
+# minus 25th percentile, linear interpolation as `numpy.percentile` does). Keep the queue full: do
+# not synchronise between timed runs, only before reading the times. Raise `ValueError` for
+# `reps < 1` or `warmup < 0`. The checker runs your timer on simulated devices (launch overheads,
+# first-call costs, jitter, a short launch queue) and replays your calls to know what your events read.
 
 # %% [answer time_gpu]
 def time_gpu(fn, device, warmup=3, reps=10):
     """(median, IQR) in milliseconds of fn()'s device time."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.profiling.timing.time_gpu
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"reps must be >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
     for _ in range(warmup):
         fn()
     device.synchronize()
@@ -363,6 +383,9 @@ check("profiling.time_gpu", time_gpu)
 ### BEGIN HIDDEN TESTS
 check("profiling.time_gpu", time_gpu, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [quiz]
+show_quiz("profiling", "q5")
 
 # %% [markdown]
 # ## 4. Copies and overlap
@@ -429,7 +452,7 @@ for record in (False, True):
     print(f"record_stream={record}: {len(sim.races)} race(s)", sim.races[:1])
 
 # %% [markdown]
-# ### Exercise: predict the step time (`predict_step`)
+# ### {{exercise predict_step}}: predict the step time
 #
 # Assume launches cost nothing and the loss read (`item`) transfers nothing but waits. With X_pinned
 # and X_pageable the copy's duration from each kind of memory, C the compute and H the host's own
@@ -445,13 +468,15 @@ for record in (False, True):
 #   must stage pageable memory). With `item`, batch i+1's copy starts when step i's compute starts.
 #
 # Think in timelines: which resource (host, copy engine, compute stream) is busy when, and who waits
-# for whom. The checker compares your formula with the simulator on random costs, including a copy
-# exactly as long as the compute, zero-length copies and kernels, and host-bound steps.
+# for whom. Raise `ValueError` for an unknown `loop`. The checker compares your formula with the
+# simulator on random costs, including a copy exactly as long as the compute, zero-length copies and
+# kernels, and host-bound steps. The answer is a formula: your code may not build a simulated device.
 
 # %% [answer predict_step]
 def predict_step(copy_pinned_us, copy_pageable_us, compute_us, host_us, loop, pinned=True, item=False):
     """Steady-state microseconds per training step of ``loop`` ("blocking", "async", "prefetch")."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.profiling.overlap.predict_step_us
     xp, xg, c, h = copy_pinned_us, copy_pageable_us, compute_us, host_us
     if loop == "blocking":
         x = xp if pinned else xg
@@ -474,7 +499,7 @@ check("profiling.predict_step", predict_step, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ### Exercise: build the prefetching loop (`train_prefetch`)
+# ### {{exercise train_prefetch}}: build the prefetching loop
 #
 # Now write the loop itself, on the simulated device's stream API (the same shape as the CUDA code
 # above). `train_prefetch(device, batches, compute_us, host_us)` trains on `batches` (a list of batch
@@ -498,6 +523,7 @@ check("profiling.predict_step", predict_step, hidden=True)
 def train_prefetch(device, batches, compute_us, host_us):
     """Train on ``batches`` (sizes in bytes), copying batch i+1 on a side stream while step i computes."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.profiling.overlap.train_prefetch
     side = device.Stream()
 
     def load(i):
@@ -539,6 +565,9 @@ if HAS_CUDA:
     print(measure_overlap(batch_bytes=64 << 20, compute_ms=2.0, steps=8))
 else:
     print("no GPU: the measured overlap runs in the GPU check")
+
+# %% [quiz]
+show_quiz("profiling", "q6", "q7", "q8", "q9")
 
 # %% [markdown]
 # ## 5. Reading a profile: `torch.profiler`
@@ -601,12 +630,11 @@ print(len(data["traceEvents"]), "events; one of them:",
       next(e for e in data["traceEvents"] if e.get("cat") == "cpu_op"))
 
 # %% [markdown]
-# ### Exercise: self and total time from a trace (`op_times`)
+# ### {{exercise op_times}}: self and total time from a trace
 #
 # Write `op_times(trace)`: for a loaded Chrome trace (a dict), return `{name: (count, self_us,
-# total_us)}` summed over the host events, matching `prof.key_averages()` (the checker compares
-# with it on real profiles). Follow PyTorch (`EventList._populate_cpu_children` and
-# `_remove_dup_nodes` in `torch/autograd/profiler_util.py`):
+# total_us)}` summed over the host events, as `prof.key_averages()` reports them. Follow PyTorch
+# (`EventList._populate_cpu_children` and `_remove_dup_nodes` in `torch/autograd/profiler_util.py`):
 #
 # * host events are the `"ph": "X"` events whose category is in `HOST_CATEGORIES`, plus
 #   `"python_function"` when the trace has any (profiles taken with `with_stack=True`);
@@ -614,35 +642,47 @@ print(len(data["traceEvents"]), "events; one of them:",
 #   innermost earlier event that contains it entirely (`start >= parent start` and `end <= parent end`;
 #   an event that starts at or after the top candidate's end, or ends after it, closes that
 #   candidate);
+# * compare times as **integer nanoseconds**: `start = round(ts * 1000)`, `end = start + round(dur * 1000)`.
+#   The profiler counts nanoseconds and writes microseconds with three decimals; at the trace's
+#   timestamps (about 5e12 us) a floating-point `ts + dur` can miss an exact end by a nanosecond, and
+#   a child that ends with its parent would not be nested;
 # * an event that has the same name as its parent and is its parent's *only* child is folded into the
 #   parent (its children become the parent's); repeat until nothing changes;
-# * self = duration minus the children's durations; names `ProfilerStep#N` group as `ProfilerStep*`.
+# * total = `dur`; self = `dur` minus the children's `dur`; names `ProfilerStep#N` group as `ProfilerStep*`.
+#
+# The checker compares your numbers with torch's own tree code run on the same events, on real
+# profiles and on hand-built traces of the boundary cases; the trace must not be modified, and
+# torch's profiler classes (`EventList`, `FunctionEvent`, `key_averages`) are off limits here.
 
 # %% [answer op_times]
 def op_times(trace):
     """{name: (count, self_us, total_us)} over the host events of a Chrome trace, like key_averages()."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.profiling.trace_analysis.op_times
     import re
 
     cats = set(HOST_CATEGORIES)
     if any(e.get("cat") == "python_function" for e in trace["traceEvents"]):
         cats.add("python_function")
-    events = [{"name": e["name"], "pid": e.get("pid"), "tid": e.get("tid"), "ts": float(e["ts"]),
-               "end": float(e["ts"]) + float(e.get("dur", 0.0)), "parent": None, "children": []}
-              for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in cats]
+    events = []
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") in cats:
+            start, dur = round(float(e["ts"]) * 1000), float(e.get("dur", 0.0))   # integer nanoseconds
+            events.append({"name": e["name"], "thread": (e.get("pid"), e.get("tid")), "start": start,
+                           "end": start + round(dur * 1000), "dur": dur, "parent": None, "children": []})
     threads = {}
     for e in events:
-        threads.setdefault((e["pid"], e["tid"]), []).append(e)
+        threads.setdefault(e["thread"], []).append(e)
     for evs in threads.values():
         stack = []
-        for e in sorted(evs, key=lambda ev: (ev["ts"], -ev["end"])):
-            while stack and (e["ts"] >= stack[-1]["end"] or e["end"] > stack[-1]["end"]):
+        for e in sorted(evs, key=lambda ev: (ev["start"], -ev["end"])):
+            while stack and (e["start"] >= stack[-1]["end"] or e["end"] > stack[-1]["end"]):
                 stack.pop()
             if stack:
                 stack[-1]["children"].append(e)
                 e["parent"] = stack[-1]
             stack.append(e)
-    events.sort(key=lambda ev: (ev["ts"], -ev["end"]))
+    events.sort(key=lambda ev: (ev["start"], -ev["end"]))
     while True:
         doomed = set()
         for e in events:
@@ -658,10 +698,9 @@ def op_times(trace):
     out = {}
     for e in events:
         name = "ProfilerStep*" if re.match(r"^ProfilerStep#\d+$", e["name"]) else e["name"]
-        total = e["end"] - e["ts"]
-        self_us = total - sum(c["end"] - c["ts"] for c in e["children"])
+        self_us = e["dur"] - sum(c["dur"] for c in e["children"])
         n, s, t = out.get(name, (0, 0.0, 0.0))
-        out[name] = (n + 1, s + self_us, t + total)
+        out[name] = (n + 1, s + self_us, t + e["dur"])
     return out
     ### END SOLUTION
 
@@ -707,7 +746,7 @@ display(plot_trace_timeline(gpu_trace, title="simulated GPU trace: a host stall,
 
 # %% [markdown]
 # The tail of 20 two-microsecond kernels is launch-bound: each takes 2 us on the device but 5 us to
-# launch, so the GPU idles 3 us out of every 5. Fusing the kernels ({{chapter compile}}) or
+# launch, so the GPU idles 3 us out of every 5. Fusing the kernels (`torch.compile`) or
 # **CUDA graphs** fix this. A CUDA graph records a sequence of kernels once
 # (`torch.cuda.graph(g)`) and replays it with one launch (`g.replay()`), so the per-kernel host cost
 # disappears:
@@ -723,7 +762,7 @@ graph.synchronize()
 print(f"eager: {eager.host_time} us, one graph replay: {graph.host_time} us for the same 20 kernels")
 
 # %% [markdown]
-# ### Exercise: the GPU's side of a trace (`gpu_activity`)
+# ### {{exercise gpu_activity}}: the GPU's side of a trace
 #
 # Write `gpu_activity(trace, k=3, min_gap_us=0.0)` returning a dict with:
 #
@@ -734,11 +773,19 @@ print(f"eager: {eager.host_time} us, one graph replay: {graph.host_time} us for 
 #   `(name, count, total_us)`, ties broken by name;
 # * `"utilization"`: the busy fraction of the span from the first start to the last end
 #   (`None` without device events; `1.0` when that span is zero).
+#
+# A zero-length activity is an instant of activity: it ends a gap. Raise `ValueError` for `k < 0` or
+# `min_gap_us < 0`. The checker sweeps every instant of the device rows to know the answer, on traces
+# of the simulated device and on hand-built ones (touching activities, a gap exactly `min_gap_us`
+# long, another stream busy in a gap, ties, annotations on the device rows).
 
 # %% [answer gpu_activity]
 def gpu_activity(trace, k=3, min_gap_us=0.0):
     """Idle gaps, top device activities and utilisation of the device rows of a trace."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.profiling.trace_analysis.gpu_activity
+    if k < 0 or min_gap_us < 0:
+        raise ValueError(f"k and min_gap_us must be >= 0, got k={k}, min_gap_us={min_gap_us}")
     spans, totals = [], {}
     for e in trace["traceEvents"]:
         if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES:
@@ -768,6 +815,9 @@ check("profiling.gpu_activity", gpu_activity)
 ### BEGIN HIDDEN TESTS
 check("profiling.gpu_activity", gpu_activity, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [quiz]
+show_quiz("profiling", "q10", "q11", "q12")
 
 # %% [markdown]
 # ### Memory in the profiler
@@ -805,20 +855,27 @@ print(det.report())
 # Six host waits per step. On a GPU each one drains the queue: the host cannot enqueue step *i+1*
 # while it waits for step *i*, so the GPU idles while Python runs.
 #
-# ### Exercise: a loop without hidden syncs (`train_fast`)
+# ### {{exercise train_fast}}: a loop without hidden syncs
 #
 # Write `train_fast(model, batches, lr=0.1, device="cuda")` that returns the **same losses** as
 # `train_with_hidden_syncs` (to float rounding) with **one** implicit sync in total (none for an
 # empty `batches`) and no stalls. Keep its behaviour: SGD with `lr`, rows labelled `-1` left out of
 # the loss, and `ValueError` when a batch has no labelled row (its loss is NaN), raised after the
-# loop is fine. Hints: `cross_entropy` has an `ignore_index`; a device tensor can accumulate a flag;
-# pinned memory makes `non_blocking` copies real. The checker counts syncs with the detector
-# (emulated on the CPU, real on a GPU, where it also measures the speed-up).
+# loop is fine. Hints: `cross_entropy` has an `ignore_index`; a NaN can be found in the host values
+# you read at the end; pinned memory makes `non_blocking` copies real.
+#
+# The checker runs your loop on the emulated device and counts every host sync, with its line; the
+# parameters must stay on the device and the batches must not change. It also reads your loop's code:
+# no `.item()`, `.cpu()`, `.tolist()`, `.numpy()`, `.nonzero()`, `.masked_select()`, `.unique()`,
+# `synchronize()` or `print(...)` inside a `for`/`while` body, no indexing with a boolean mask there,
+# and no `if`/`while` whose condition calls torch inside a loop. (On a GPU, the GPU check measures
+# the speed-up over the original loop.)
 
 # %% [answer train_fast]
 def train_fast(model, batches, lr=0.1, device="cuda"):
     """The losses of train_with_hidden_syncs, with one host wait at the end."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.profiling.training_loops.train_without_syncs
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for x, y in batches:
@@ -863,7 +920,7 @@ except NotImplementedError:
 # gives them as three functions (`capstone_parts`): `forward()` draws a batch and computes the loss,
 # `backward()` back-propagates it, `optimizer()` clips the gradients and takes an AdamW step.
 #
-# ### Exercise: name the top costs (`capstone_costs`)
+# ### {{exercise capstone_costs}}: name the top costs
 #
 # Write `capstone_costs(forward, backward, optimizer, trace_path)`. Profile the step with
 # `torch.profiler` (CPU activity; `schedule(wait=1, warmup=1, active=2)`, calling `prof.step()` after
@@ -872,11 +929,15 @@ except NotImplementedError:
 # three ATen ops (`"aten::..."`) with the most self CPU time in that trace (ties by name). The
 # checker reads your trace: it must hold exactly two `ProfilerStep` ranges, each with the three
 # phases once and the ops the step runs; your three names must be the top three of your own trace.
+# (While grading, the three parts are a stand-in for the capstone's step built from torch's own
+# layers, since the grading sandbox has no reference GPT; each part counts its calls, and each must
+# run exactly four times.)
 
 # %% [answer capstone_costs]
 def capstone_costs(forward, backward, optimizer, trace_path):
     """Profile 4 steps (wait 1, warm-up 1, active 2), export the trace, return its top-3 ATen ops by self time."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.profiling.profile_step.capstone_costs
     import json
 
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
@@ -920,7 +981,7 @@ except NotImplementedError:
 # On the CPU the matrix multiplications (`aten::mm`, `aten::addmm`) dominate, with attention and the
 # backward of GELU next. On a GPU, sort by device time instead (`report.top(3, by="device_self_us")`),
 # and look at the trace's device rows: at this size the step is launch-bound, which is what CUDA
-# graphs and `torch.compile` ({{chapter compile}}) address.
+# graphs and `torch.compile` address.
 #
 # ## Summary
 #
@@ -934,3 +995,12 @@ except NotImplementedError:
 #   block while another stream still reads it.
 # * A profile answers "where does time go": self time for the hot ops, total time for the expensive
 #   calls, device rows for idle gaps and launch-bound tails.
+#
+# Next: {{chapter amp}} halves the bytes every kernel moves with mixed precision; profile it with what
+# you built here.
+#
+# ### Your quiz score so far
+# The grader counts your first answer to each question (recorded in `profiling.answers.json`).
+
+# %% [quiz-grade]
+quiz_progress("profiling")

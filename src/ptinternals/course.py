@@ -18,6 +18,7 @@ CHAPTERS: tuple[tuple[str, str], ...] = (
     ("autograd", "Autograd and custom Functions"),
     ("dispatch", "The dispatcher, `__torch_dispatch__` and `torch.library`"),
     ("allocator", "The CUDA caching allocator"),
+    ("profiling", "Profiling and the host-device boundary"),
     ("amp", "Mixed precision (AMP)"),
     ("distributed", "Data parallelism: DDP and FSDP"),
     ("kernels", "Triton kernels"),

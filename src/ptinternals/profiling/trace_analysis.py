@@ -16,6 +16,8 @@ duration ``dur``, both in microseconds. Categories written by Kineto:
 its direct children's durations. On the host, children are found as torch does in
 ``EventList._populate_cpu_children`` (torch/autograd/profiler_util.py): per thread, events sorted by
 (start, -end), a stack of open parents; an event is a child of the innermost parent that contains it.
+Times are compared as integer nanoseconds (the profiler's own unit): Kineto's timestamps are about
+5e12 us, where ``ts + dur`` in floating point can miss an exact end by a nanosecond.
 An op whose only child has its own name (``aten::mean`` calling ``aten::mean``) is folded into it
 (``_remove_dup_nodes``). ``key_averages()`` then sums per name (``ProfilerStep#N`` as ``ProfilerStep*``).
 Device time: a kernel belongs to the op that launched it (its *self* device time); an op's total
@@ -47,6 +49,16 @@ class TraceEvent:
     @property
     def end(self) -> float:
         return self.ts + self.dur
+
+    @property
+    def start_ns(self) -> int:
+        """The start in integer nanoseconds: Kineto writes microseconds with three decimals, and near
+        5e12 us a float sum ``ts + dur`` is off by up to a nanosecond, so nesting compares integers."""
+        return round(self.ts * 1000)
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + round(self.dur * 1000)
 
     @property
     def key(self) -> str:
@@ -88,8 +100,8 @@ def build_tree(events: list[TraceEvent]) -> list[TraceEvent]:
         by_thread[(e.pid, e.tid)].append(e)
     for thread_events in by_thread.values():
         stack: list[TraceEvent] = []
-        for e in sorted(thread_events, key=lambda ev: (ev.ts, -ev.end)):
-            while stack and (e.ts >= stack[-1].end or e.end > stack[-1].end):
+        for e in sorted(thread_events, key=lambda ev: (ev.start_ns, -ev.end_ns)):
+            while stack and (e.start_ns >= stack[-1].end_ns or e.end_ns > stack[-1].end_ns):
                 stack.pop()
             if stack:
                 stack[-1].children.append(e)
@@ -104,7 +116,7 @@ def remove_dup_nodes(events: list[TraceEvent], own_device: dict[int, float] | No
     """Fold an op into its parent when the parent has the same name and it is the parent's only child
     (``aten::mean`` calling ``aten::mean``): ``EventList._remove_dup_nodes``. The child's children and
     kernels move up (the parent's own kernels are replaced, as in torch). Returns the kept events."""
-    events = sorted(events, key=lambda ev: (ev.ts, -ev.end))
+    events = sorted(events, key=lambda ev: (ev.start_ns, -ev.end_ns))
     while True:
         doomed = set()
         for e in events:
@@ -153,7 +165,7 @@ def op_stats(trace, *, host_categories=None) -> dict[str, OpStats]:
         return device_total[id(e)]
 
     stats: dict[str, OpStats] = defaultdict(OpStats)
-    for e in sorted(host, key=lambda ev: (ev.ts, -ev.end)):
+    for e in sorted(host, key=lambda ev: (ev.start_ns, -ev.end_ns)):
         s = stats[e.key]
         s.count += 1
         s.total_us += e.dur
