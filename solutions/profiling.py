@@ -307,6 +307,7 @@ show_quiz("profiling", "q2", "q3", "q4")
 # %%
 from ptinternals.profiling.timing import event_time_ms, naive_time_ms, synced_time_ms
 
+
 def fresh_device():
     sim = SimulatedDevice(launch_overhead_us=5, first_call_us=5000, device_jitter=(0.15, 1000), seed=1)
     return sim, (lambda: sim.launch("attention", 250))   # the truth: 0.25 ms per call

@@ -280,8 +280,8 @@ def test_sync_case_verdicts_agree_with_set_sync_debug_mode():
 def test_train_fast_solution_syncs_once_on_a_gpu_and_is_faster():
     import time
 
-    from ptinternals.profiling.training_loops import train_with_hidden_syncs, train_without_syncs
     from ptinternals.profiling.scaffold import make_batches, make_model
+    from ptinternals.profiling.training_loops import train_with_hidden_syncs, train_without_syncs
 
     batches = make_batches(0, 40, 256, pin=True)
     timings = {}
