@@ -12,6 +12,8 @@
 - ``overlap_<loop>`` (CUDA only): blocking pageable copies, async pinned copies, and a prefetching side
   stream, measured per step next to ``overlap.predict_step_us`` fed with the measured pieces.
 - ``item_per_step``: a small training loop with and without ``loss.item()`` every step.
+- ``train_fast_vs_hidden_syncs`` (CUDA only): the training loop with hidden syncs and its fix (the
+  exercise ``train_fast``), per step, with the warnings of ``set_sync_debug_mode`` counted.
 
 On the CPU (``ctx.small``) sizes are tiny and the numbers only show that the code runs.
 """
@@ -161,6 +163,39 @@ def _item_per_step(device: str, small: bool) -> list[Measurement]:
     return out
 
 
+def _train_loops(small: bool) -> Measurement:
+    """CUDA only: the chapter's training loop with hidden syncs next to its fix (exercise train_fast):
+    ``ms`` per step of the fix, ``torch_ms`` per step of the original, syncs counted by set_sync_debug_mode."""
+    import warnings
+
+    from ptinternals.profiling.scaffold import make_batches, make_model
+    from ptinternals.profiling.training_loops import train_with_hidden_syncs, train_without_syncs
+
+    steps, batch = (20, 64) if small else (200, 1024)
+    batches = make_batches(0, steps, batch, pin=True)
+    ms, syncs = {}, {}
+    for loop in (train_with_hidden_syncs, train_without_syncs):
+        model = make_model(0, "cuda")
+        loop(model, batches[:2])                                     # warm-up
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            t0 = time.perf_counter()
+            try:
+                loop(model, batches)
+                torch.cuda.synchronize()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            ms[loop.__name__] = (time.perf_counter() - t0) * 1e3 / steps
+        syncs[loop.__name__] = sum("synchroniz" in str(w.message) for w in caught)
+    return Measurement(suite="profiling", name="train_fast_vs_hidden_syncs", device="cuda",
+                       shape=f"{steps} steps of batch {batch}", dtype="float32", ms=ms["train_without_syncs"],
+                       torch_ms=ms["train_with_hidden_syncs"],
+                       extra={"syncs_hidden": syncs["train_with_hidden_syncs"], "syncs_fixed": syncs["train_without_syncs"],
+                              "note": "torch_ms is the original loop: vs_torch is the fix's speed-up"})
+
+
 def _overlap(small: bool) -> list[Measurement]:
     from ptinternals.profiling.cuda_overlap import measure_overlap
 
@@ -182,6 +217,7 @@ def run(ctx) -> list[Measurement]:
     out += _item_per_step(device, small)
     if device == "cuda":
         out += _overlap(small)
+        out.append(_train_loops(small))
     return out
 
 
