@@ -73,3 +73,19 @@ def test_bad_arguments():
         predict_step_us(1, 1, 1, -1, "async")
     with pytest.raises(ValueError, match="3 steps"):
         _ = simulate_training(costs, 2, "async").steady_step_us
+
+
+def test_the_prefetch_loop_runs_and_rejects_bad_arguments():
+    from ptinternals.profiling.async_device import SimulatedDevice
+    from ptinternals.profiling.overlap import train_prefetch
+
+    dev = SimulatedDevice(launch_overhead_us=0)
+    train_prefetch(dev, [1_000_000] * 4, 30.0, 5.0)
+    ends = [r.end for r in dev.records if r.kind == "kernel"]
+    assert ends[2] - ends[1] == pytest.approx(30.0) and dev.races == []
+    for batches, match in (([1, -2], r"batches\[1\] must be an int >= 0"), ("12", "must be a list"),
+                           ([1.5], r"batches\[0\]")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            train_prefetch(SimulatedDevice(), batches, 1.0, 1.0)
+    with pytest.raises(ValueError, match="compute_us must be a number >= 0"):
+        train_prefetch(SimulatedDevice(), [1], -1.0, 1.0)

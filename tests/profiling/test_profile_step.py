@@ -36,3 +36,12 @@ def test_bad_arguments():
         profile_steps(None)
     with pytest.raises(ValueError, match="device"):
         profile_steps(lambda: None, device="tpu")
+
+
+def test_capstone_costs_rejects_bad_parts(tmp_path):
+    from ptinternals.profiling.profile_step import capstone_costs
+
+    with pytest.raises(TypeError, match="backward must be callable"):
+        capstone_costs(lambda: None, 3, lambda: None, str(tmp_path / "t.json"))
+    with pytest.raises(TypeError, match="trace_path must be a path"):
+        capstone_costs(lambda: None, lambda: None, lambda: None, 7)

@@ -91,3 +91,13 @@ def test_on_a_gpu_naive_timing_is_wrong_and_events_are_right():
     assert naive < 0.5 * events.median          # ~1.4 GFLOP/run: the kernel takes far longer than its launch
     ref = benchmark_torch(fn, min_run_time=0.2)
     assert ref.median == pytest.approx(events.median, rel=0.3)
+
+
+def test_time_gpu_is_the_event_timer_as_a_pair():
+    from ptinternals.profiling.async_device import SimulatedDevice
+    from ptinternals.profiling.timing import time_gpu
+
+    dev = SimulatedDevice(launch_overhead_us=5, first_call_us=1000)
+    assert time_gpu(lambda: dev.launch("k", 250), dev, warmup=2, reps=5) == (0.25, 0.0)
+    with pytest.raises(ValueError, match="reps must be an int >= 1"):
+        time_gpu(lambda: None, dev, reps=0)

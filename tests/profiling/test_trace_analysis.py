@@ -190,3 +190,18 @@ def test_cuda_trace_agrees_with_key_averages(tmp_path):
     inside = keys_inside_steps(path)
     assert compare_with_key_averages(stats, prof.key_averages(), keys=inside, device=True) == []
     assert top_kernels(path, 3) and gpu_utilization(path) is not None
+
+
+def test_the_exercise_shapes_of_the_analysis(cpu_trace):
+    from ptinternals.profiling.trace_analysis import gpu_activity, op_times
+
+    path, data, _ = cpu_trace
+    table = op_times(data)
+    assert table["ProfilerStep*"][0] == 2 and all(len(row) == 3 for row in table.values())
+    assert gpu_activity(data) == {"gaps": [], "top_kernels": [], "utilization": None}
+    with pytest.raises(ValueError, match="k must be an int >= 0"):
+        gpu_activity(data, k=-1)
+    with pytest.raises(ValueError, match="min_gap_us must be >= 0"):
+        gpu_activity(data, min_gap_us=-0.5)
+    with pytest.raises(TypeError, match="trace must be a path or a dict"):
+        op_times(42)

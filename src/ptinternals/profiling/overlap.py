@@ -150,6 +150,14 @@ def train_prefetch(device: SimulatedDevice, batches: list[int], compute_us: floa
     batch's event (the host does not), the batch's block is recorded on the compute stream (so the
     allocator cannot hand it to the next copy while step ``i`` still reads it), the next batch is loaded
     and its copy queued, and only then is step ``i`` launched, so the copy overlaps the compute."""
+    if not isinstance(batches, (list, tuple)):
+        raise TypeError(f"batches must be a list of batch sizes in bytes, got {type(batches).__name__}")
+    for i, nbytes in enumerate(batches):
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"batches[{i}] must be an int >= 0 (bytes), got {nbytes!r}")
+    for name, v in (("compute_us", compute_us), ("host_us", host_us)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ValueError(f"{name} must be a number >= 0, got {v!r}")
     side = device.Stream()
     compute = device.current_stream
 

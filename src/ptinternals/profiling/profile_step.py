@@ -141,6 +141,11 @@ def capstone_step(device: str = "cpu", **kwargs):
 def capstone_costs(forward, backward, optimizer, trace_path: str) -> list[str]:
     """Profile four steps of the three phases (wait 1, warm-up 1, active 2) on the CPU, export the trace
     to ``trace_path`` and return the three ATen ops with the most self time in it."""
+    for name, part in (("forward", forward), ("backward", backward), ("optimizer", optimizer)):
+        if not callable(part):
+            raise TypeError(f"{name} must be callable, got {type(part).__name__}")
+    if not isinstance(trace_path, (str, os.PathLike)):
+        raise TypeError(f"trace_path must be a path, got {type(trace_path).__name__}")
     report = profile_steps(with_ranges(forward, backward, optimizer), wait=1, warmup=1, active=2,
                            trace_path=trace_path)
     return [name for name, _ in report.top(3)]
