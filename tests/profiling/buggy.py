@@ -10,6 +10,8 @@ cause, where the symptom names it.
 
 from ptinternals.grading.testing import edited
 
+TESTS_OF_TESTS = {"hints", "twins", "boundaries"}
+
 # capstone_costs reads its trace with the student's op_times: a bug there can sink it (end-to-end tests).
 DEPENDS_ON = {"profiling.capstone_costs": ("profiling.op_times",)}
 

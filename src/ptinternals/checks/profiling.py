@@ -282,6 +282,25 @@ SCENARIOS = (
 )
 
 
+def _descs(x) -> list[tuple]:
+    """Every tensor description inside a case's arguments."""
+    if isinstance(x, tuple) and x and x[0] == "t":
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [d for v in x for d in _descs(v)]
+    if isinstance(x, dict):
+        return [d for v in x.values() for d in _descs(v)]
+    return []
+
+
+def _call_descs(case) -> list[tuple]:
+    return _descs(list(case.args[2:])) if case.args[0] == "call" else []
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
 def _show(items) -> str:
     parts = []
     for i in items:
@@ -334,6 +353,29 @@ class SyncReason(Exercise):
     id, entry, points = "profiling.sync_reason", "sync_reason", 3
     title = "which ATen ops make the host wait, and why"
     timeout_s = 60.0
+    boundary_classes = {
+        "a size-0 device tensor that still waits (nonzero of nothing)": lambda c, e: e not in (None, []) and any(
+            0 in d[2] and d[3] == "device" for d in _call_descs(c)),
+        "a one-element tensor": lambda c, e: any(_numel(d[2]) == 1 for d in _call_descs(c)),
+        "a non-contiguous self (transposed or expanded)": lambda c, e: any(d[4] != "contiguous" for d in _call_descs(c)),
+        "output_size=0: given, and falsy": lambda c, e: c.args[0] == "call" and c.args[3].get("output_size") == 0,
+        "histc with min == max != 0": lambda c, e: c.scenario == "histc_equal" and "min=0.0" not in c.label,
+        "histc with min < max by one step (1e-30)": lambda c, e: c.args[0] == "call" and "max=1e-30" in c.label,
+        "a one-element host value of shape (1,)": lambda c, e: c.scenario == "put_masked_fill_shape1",
+        "a uint8 mask": lambda c, e: any(d[1] == "uint8" for d in _call_descs(c)),
+        "a host long index next to a device mask": lambda c, e: c.scenario == "put_host_long_and_mask",
+        "accumulate=True": lambda c, e: c.scenario == "put_accumulate",
+        "two masks": lambda c, e: c.scenario == "put_two_masks",
+        "a leading None index before the mask": lambda c, e: c.args[0] == "call" and "[None, " in c.label
+        and c.scenario.startswith("put_masked_fill"),
+        "a host op (nothing to wait for)": lambda c, e: c.scenario == "host_self",
+        "an op outside the table": lambda c, e: c.scenario == "other",
+        "nonzero_static (a name that starts like nonzero)": lambda c, e: c.scenario == "nonzero_static",
+        "an empty program (setup only)": lambda c, e: c.scenario == "program" and
+        c.args[1].count("\n") == len(sync_programs.SETUP),
+        "two syncs on one program line": lambda c, e: c.scenario == "program" and len(e) != len({line for line, _ in e}),
+        "inputs checked after the call": lambda c, e: c.args[0] == "call",
+    }
 
     def visible_cases(self):
         out = [
@@ -360,12 +402,18 @@ class SyncReason(Exercise):
     def hidden_cases(self):
         calls = [case for build, kinds in SCENARIOS for kind in kinds
                  for case in draw(cases_from(lambda d, b=build, k=kind: self._call(*b(d, k))), 2)]
+        calls += [self._call("aten.nonzero.default", [T(dtype, (0,))], {}, "nonzero", "nonzero",
+                             f"nonzero of an empty {dtype} device tensor: the host still reads the count (0)")
+                  for dtype in ("float32", "bool")]
+        calls.append(self._call("aten._unique2.default", [T("int64", (0, ))], {}, "unique", "unique",
+                                "_unique2 of an empty device tensor"))
         alone = [self._program(sync_programs.SyncProgram(
             f"<statement-{i}>", "\n".join(sync_programs.SETUP + (s.code,)) + "\n",
             tuple((len(sync_programs.SETUP) + 1, r) for r in s.reasons)), f"one statement: {s.code}")
             for i, s in enumerate(sync_programs.STATEMENTS)]
-        programs = [self._program(sync_programs.make_program(seed, n), f"a generated program (seed {seed})")
-                    for seed, n in draw(st.tuples(st.integers(0, 10_000), st.integers(0, 12)), 16)]
+        deliberate = [(0, 0), (3, 12)]  # the empty program; a long one
+        programs = [self._program(sync_programs.make_program(seed, n), f"a generated program (seed {seed}, {n} lines)")
+                    for seed, n in deliberate + draw(st.tuples(st.integers(0, 10_000), st.integers(0, 12)), 16)]
         return calls + alone + programs
 
     probe = f"{PROBES}:sync_rule_case"
@@ -441,6 +489,19 @@ class TimeGpu(Exercise):
     id, entry, points = "profiling.time_gpu", "time_gpu", 2
     title = "a GPU timer: warm-up, events, median and IQR"
     probe = f"{PROBES}:timer_probe"
+    boundary_classes = {
+        "reps=1: one sample, IQR 0": lambda c, e: c.kwargs.get("reps", 10) == 1,
+        "an even number of runs: the median interpolates": lambda c, e: c.kwargs.get("reps", 10) % 2 == 0,
+        "warmup=0 with a slow first call": lambda c, e: c.kwargs.get("warmup", 3) == 0 and c.args[0]["first_call_us"] > 0,
+        "a zero-length kernel": lambda c, e: all(us == 0 for _, us in c.args[1]),
+        "launch-bound: the kernels are shorter than their launches": lambda c, e: 0 < sum(us for _, us in c.args[1])
+        < c.args[0]["launch_overhead_us"] * len(c.args[1]),
+        "a full launch queue": lambda c, e: c.args[0]["queue_depth"] == 2,
+        "device jitter": lambda c, e: c.args[0]["device_jitter"][0] > 0,
+        "host jitter": lambda c, e: c.args[0]["host_jitter"][0] > 0,
+        "the defaults (no warmup, no reps given)": lambda c, e: not c.kwargs,
+        "reps=0 must raise": lambda c, e: isinstance(e, Raises),
+    }
 
     def visible_cases(self):
         base = {"launch_overhead_us": 5, "first_call_us": 5000, "device_jitter": (0.0, 0.0), "host_jitter": (0.0, 0.0),
@@ -471,8 +532,18 @@ class TimeGpu(Exercise):
                 kwargs["reps"] = d(st.sampled_from([1, 2, 3, 4, 9, 10, 41]))
             return Case((config, kernels), kwargs)
 
-        return draw(cases_from(build, st.sampled_from([0, 3, 5, 20]), st.sampled_from([0, 5000]),
-                               st.sampled_from([1024, 1024, 2])), 60)
+        base = {"launch_overhead_us": 5, "first_call_us": 5000, "device_jitter": (0.0, 0.0),
+                "host_jitter": (0.0, 0.0), "queue_depth": 1024, "seed": 0}
+        deliberate = [
+            Case((base, [("k", 100)]), {"reps": 1}), Case((base, [("k", 0)]), {"warmup": 2, "reps": 4}),
+            Case((base, [("k", 100)]), {"warmup": 0, "reps": 5}), Case((base, [("k", 2), ("k2", 1)]), {"reps": 6}),
+            Case((dict(base, queue_depth=2), [("k", 40)] * 3), {"warmup": 1, "reps": 9}),
+            Case((dict(base, device_jitter=(0.4, 500.0), host_jitter=(0.4, 80.0), seed=5), [("k", 60)]), {"reps": 41}),
+            Case((base, [("k", 250)])), Case((base, [("k", 250)]), {"warmup": -1}),
+            Case((base, [("k", 250)]), {"reps": 0}),
+        ]
+        return deliberate + draw(cases_from(build, st.sampled_from([0, 3, 5, 20]), st.sampled_from([0, 5000]),
+                                            st.sampled_from([1024, 1024, 2])), 60)
 
     def expected(self, case):
         reps, warmup = case.kwargs.get("reps", 10), case.kwargs.get("warmup", 3)
@@ -550,12 +621,17 @@ class TimeGpu(Exercise):
             return "warm up first: call fn() `warmup` times before the timed runs (and discard those runs)."
         if not any(e[0] == "elapsed" for e in log) and any(e[0] == "perf_counter" for e in log):
             return "time with the device's clock (events: start.elapsed_time(end)); the host clock measures the launch."
-        if any(e[0] == "synchronize" for e in log[1:-1]) and n_calls == warmup + reps and \
-                sum(e[0] == "synchronize" for e in log) > 2:
-            return "do not synchronize between timed runs: the queue must stay full."
+        try:
+            pairs = _pairs(log, warmup)
+            first = min(i for i, e in enumerate(log) if e[0] == "record" and e[1] == pairs[0][0])
+            last = max(i for i, e in enumerate(log) if e[0] == "record" and e[1] == pairs[-1][1])
+        except Exception:
+            return None
+        if any(e[0] in ("synchronize", "event_sync") for e in log[first:last]):
+            return ("keep the queue full: synchronize once, after the last timed run. A wait between runs drains the "
+                    "queue, and every sample then includes the launch.")
         try:
             events = self.replay(case, log)
-            pairs = _pairs(log, warmup)
             xs = [(events[b].time - events[a].time) / 1000.0 for a, b in pairs]
         except Exception:
             return None
@@ -622,7 +698,7 @@ def _step_case(d, nbytes, pinned_bw, pageable_bw, compute, host, loop, pinned, i
     dev = P.simulated_device({"pinned_gb_per_s": pinned_bw, "pageable_gb_per_s": pageable_bw})
     xp, xg = dev.copy_us(nbytes, True), dev.copy_us(nbytes, False)
     c = {"zero": 0.0, "copy": xp, "copy_pageable": xg, "small": 1e-3}.get(compute, compute)
-    h = {"zero": 0.0, "compute": c, "copy": xp, "big": 1e6}.get(host, host)
+    h = {"zero": 0.0, "compute": c, "copy": xp, "big": 1e6, "small": 1e-3}.get(host, host)
     kwargs = {}
     if pinned is not None:
         kwargs["pinned"] = pinned
@@ -641,6 +717,21 @@ class PredictStep(Exercise):
     probe = f"{PROBES}:formula_probe"
     policy = SourcePolicy(names=("SimulatedDevice", "async_device", "simulate_training"),
                           why="the answer is a formula: build no simulator")
+    boundary_classes = {
+        "zero-byte copies": lambda c, e: c.args[0] == 0 and c.args[4] in ref_overlap.LOOPS,
+        "a copy exactly as long as the compute": lambda c, e: c.args[0] == c.args[2] > 0,
+        "no compute": lambda c, e: c.args[2] == 0 and c.args[0] > 0,
+        "host work exactly as long as the compute": lambda c, e: c.args[3] == c.args[2] > 0,
+        "host-bound: the host outlasts copy and compute": lambda c, e: c.args[3] > c.args[0] + c.args[1] + c.args[2],
+        "pinned and pageable copies equally fast": lambda c, e: c.args[0] == c.args[1] > 0,
+        "a huge time next to a tiny one (1e6 us and 1e-3 us)": lambda c, e: max(c.args[:4]) >= 1e6 and
+        0 < min(v for v in c.args[:4] if v) <= 1e-3,
+        **{f"{loop}, {'pinned' if pinned else 'pageable'}, {'with' if item else 'without'} .item()":
+           (lambda c, e, lp=loop, pn=pinned, it=item: c.args[4] == lp and c.kwargs.get("pinned", True) == pn
+            and c.kwargs.get("item", False) == it)
+           for loop in ref_overlap.LOOPS for pinned in (True, False) for item in (True, False)},
+        "an unknown loop must raise": lambda c, e: isinstance(e, Raises),
+    }
 
     def visible_cases(self):
         return [self._visible(*a) for a in [
@@ -665,7 +756,13 @@ class PredictStep(Exercise):
             return _step_case(d, nbytes, bws[0], bws[1], compute, host, loop, d(st.sampled_from([True, False, None])),
                               d(st.sampled_from([True, False, None])))
 
-        return draw(cases_from(build, st.sampled_from([0, 1_000_000, 250_000, 3_000_000, 10**9]),
+        deliberate = [_step_case(None, 1_000_000, 50.0, 12.0, c, h, loop, pinned, item)
+                      for loop in ref_overlap.LOOPS for pinned in (True, False) for item in (True, False)
+                      for c, h in (("copy", "compute"), ("zero", "big"), (1e6, "small"))]
+        deliberate += [_step_case(None, 0, 50.0, 12.0, 30.0, 5.0, "async", True, False),
+                       _step_case(None, 1_000_000, 25.0, 25.0, 30.0, 5.0, "blocking", False, False),
+                       _step_case(None, 1_000_000, 50.0, 12.0, 30.0, 5.0, "pipelined", None, None)]
+        return deliberate + draw(cases_from(build, st.sampled_from([0, 1_000_000, 250_000, 3_000_000, 10**9]),
                                st.sampled_from([(50.0, 12.0), (25.0, 25.0), (12.0, 50.0), (50.0, 0.5)]),
                                st.sampled_from(["zero", "copy", "copy_pageable", "small", 30.0, 5.0, 1e6]),
                                st.sampled_from(["zero", "compute", "copy", "big", 5.0, 60.0]),
@@ -739,6 +836,17 @@ class TrainPrefetch(Exercise):
     id, entry, points = "profiling.train_prefetch", "train_prefetch", 2
     title = "the prefetching loop: side stream, events, record_stream"
     probe = f"{PROBES}:loop_probe"
+    boundary_classes = {
+        "no batches": lambda c, e: c.args[1] == [],
+        "one batch": lambda c, e: len(c.args[1]) == 1,
+        "a batch of 0 bytes": lambda c, e: 0 in c.args[1],
+        "equal sizes, compute outlasting the copy (the race without record_stream)": lambda c, e: len(set(c.args[1])) == 1
+        and len(c.args[1]) > 2 and c.args[2] > c.args[1][0] / 50e3 > 0,
+        "compute exactly as long as the copy": lambda c, e: len(c.args[1]) > 1 and c.args[2] == c.args[1][0] / 50e3 > 0,
+        "host-bound": lambda c, e: len(c.args[1]) > 2 and c.args[3] > max(c.args[2], max(c.args[1]) / 50e3),
+        "launches that cost time": lambda c, e: c.args[0]["launch_overhead_us"] > 0 and len(c.args[1]) > 1,
+        "sizes that vary": lambda c, e: len(set(c.args[1])) > 1,
+    }
 
     def visible_cases(self):
         return [
@@ -759,7 +867,11 @@ class TrainPrefetch(Exercise):
                                                           for _ in range(n)]
             return Case(({"launch_overhead_us": overhead}, sizes, compute, host))
 
-        return draw(cases_from(build, st.sampled_from([0.0, 0.0, 2.0, 10.0]), st.integers(0, 7),
+        zero = {"launch_overhead_us": 0.0}
+        deliberate = [Case((zero, [], 10.0, 5.0)), Case((zero, [250_000], 10.0, 5.0)),
+                      Case((zero, [1_000_000] * 5, 50.0, 5.0)), Case((zero, [1_000_000] * 5, 20.0, 5.0)),
+                      Case((zero, [500_000] * 4, 5.0, 40.0)), Case(({"launch_overhead_us": 4.0}, [0, 1_000_000, 0], 8.0, 1.0))]
+        return deliberate + draw(cases_from(build, st.sampled_from([0.0, 0.0, 2.0, 10.0]), st.integers(0, 7),
                                st.sampled_from([0.0, 5.0, 20.0, 30.0, 100.0]), st.sampled_from([0.0, 5.0, 40.0])), 40)
 
     def expected(self, case):
@@ -1030,6 +1142,16 @@ class OpTimes(Exercise):
     policy = SourcePolicy(names=("profiler_util", "EventList", "FunctionEvent", "key_averages", "_build_tree",
                                  "_populate_cpu_children", "_remove_dup_nodes", "profiler"),
                           why="this exercise is to write what torch's profiler tree code does")
+    boundary_classes = {
+        **{name: (lambda c, e, n=name: c.label == n) for name in HAND_TRACES},
+        "a trace without host events": lambda c, e: e == {},
+        "metadata, flow, instant and device events mixed in": lambda c, e: any(
+            ev.get("ph") in ("M", "s", "i") for ev in c.args[0]["traceEvents"]) and c.label in HAND_TRACES,
+        "a real profile with Python frames (with_stack=True)": lambda c, e: c.label.startswith("a real profile")
+        and any(ev.get("cat") == "python_function" for ev in c.args[0]["traceEvents"]),
+        "a real profile of several active steps": lambda c, e: e.get("ProfilerStep*", (0,))[0] >= 2,
+        "the trace checked after the call": lambda c, e: True,
+    }
 
     def visible_cases(self):
         out = [Case((_profile_trace("relu", "xent", "sgd", False, False, 1, 0),),
@@ -1040,13 +1162,14 @@ class OpTimes(Exercise):
         return out
 
     def hidden_cases(self):
-        real = [Case((_profile_trace(*spec),), label=f"a real profile {spec}") for spec in draw(st.tuples(
+        deliberate = [("gelu", "mse", "adam", True, True, 2, 1)]  # Python frames, a folded range, two steps
+        real = [Case((_profile_trace(*spec),), label=f"a real profile {spec}") for spec in deliberate + draw(st.tuples(
             st.sampled_from(["relu", "gelu", "ln"]), st.sampled_from(["xent", "mse"]),
             st.sampled_from(["sgd", "adam", "adamw"]), st.booleans(), st.booleans(), st.integers(1, 2),
-            st.integers(0, 100)), 5)]
+            st.integers(0, 100)), 4)]
         hand = [Case((_hand_trace(events, _META if i % 2 else ()),), label=name)
                 for i, (name, events) in enumerate(HAND_TRACES.items())]
-        return real + hand
+        return real + hand + [Case(({"traceEvents": list(_META)},), label="an empty trace (no host events)")]
 
     def expected(self, case):
         return torch_key_averages(case.args[0])
@@ -1249,6 +1372,20 @@ class GpuActivity(Exercise):
     id, entry, points = "profiling.gpu_activity", "gpu_activity", 2
     title = "the device rows: idle gaps, top kernels, utilisation"
     probe = f"{PROBES}:trace_probe"
+    boundary_classes = {
+        **{name: (lambda c, e, n=name: c.label == n) for name in GPU_HAND},
+        "k=0": lambda c, e: c.kwargs.get("k", 3) == 0,
+        "k above the number of names": lambda c, e: not isinstance(e, Raises) and
+        c.kwargs.get("k", 3) > len(e["top_kernels"]) > 0,
+        "a gap exactly min_gap_us long (excluded)": lambda c, e: c.label == "a gap exactly min_gap_us long" and
+        c.kwargs.get("min_gap_us") == 4.0,
+        "a gap one step longer than min_gap_us": lambda c, e: not isinstance(e, Raises) and any(
+            math.isclose(b - a, c.kwargs.get("min_gap_us", 0.0) + 1.0) for a, b in e["gaps"]),
+        "a simulated GPU run (graph replays, copies, two streams)": lambda c, e: c.label == "" and not isinstance(e, Raises),
+        "k < 0 must raise": lambda c, e: c.kwargs.get("k", 3) < 0,
+        "min_gap_us < 0 must raise": lambda c, e: c.kwargs.get("min_gap_us", 0.0) < 0,
+        "the trace checked after the call": lambda c, e: True,
+    }
 
     def visible_cases(self):
         out = []
@@ -1265,9 +1402,12 @@ class GpuActivity(Exercise):
                                st.integers(1, 25), st.integers(0, 1000), st.integers(0, 6),
                                st.sampled_from([0.0, 1.0, 3.0, 10.0])), 30)
         hand = [Case((_hand_trace(events),), {"k": k, "min_gap_us": gap}, label=name)
-                for name, events in GPU_HAND.items() for k, gap in ((0, 0.0), (10, 4.0), (1, 5.0))]
-        bad = [Case((_hand_trace(GPU_HAND["one activity"]),), {"min_gap_us": -1.0}, label="min_gap_us < 0")]
-        return sims + hand + bad
+                for name, events in GPU_HAND.items() for k, gap in ((0, 0.0), (10, 4.0), (1, 5.0), (3, 0.0))]
+        deliberate = [Case((_hand_trace(GPU_HAND["a gap exactly min_gap_us long"]),), {"k": 3, "min_gap_us": 3.0},
+                           label="a gap one step longer than min_gap_us")]
+        bad = [Case((_hand_trace(GPU_HAND["one activity"]),), {"min_gap_us": -1.0}, label="min_gap_us < 0"),
+               Case((_hand_trace(GPU_HAND["one activity"]),), {"k": -2}, label="k < 0")]
+        return sims + hand + deliberate + bad
 
     def expected(self, case):
         k, gap = case.kwargs.get("k", 3), case.kwargs.get("min_gap_us", 0.0)
@@ -1304,7 +1444,7 @@ class GpuActivity(Exercise):
         return None
 
     def diagnose(self, case, got, expected):
-        if not _dict(got) or not isinstance(got.get("value"), dict):
+        if isinstance(expected, Raises) or not _dict(got) or not isinstance(got.get("value"), dict):
             return None
         value = got["value"]
         gap = case.kwargs.get("min_gap_us", 0.0)
@@ -1387,6 +1527,19 @@ class TrainFast(Exercise):
     title = "a training loop without hidden syncs"
     probe = f"{PROBES}:train_probe"
     timeout_s = 90.0
+    boundary_classes = {
+        "no batches": lambda c, e: c.args[1] == 0,
+        "one step of one row": lambda c, e: c.args[1] == 1 and c.args[2] == 1,
+        "every row labelled": lambda c, e: c.args[3] == 0.0 and not isinstance(e, Raises),
+        "one labelled row per batch (unlabelled fraction 1)": lambda c, e: c.args[3] == 1.0 and not isinstance(e, Raises),
+        "a batch with no labelled row must raise (the first)": lambda c, e: isinstance(e, Raises) and c.args[4] == 0,
+        "a batch with no labelled row must raise (the last)": lambda c, e: isinstance(e, Raises) and
+        c.args[4] == c.args[1] - 1 > 0,
+        "pinned batches": lambda c, e: c.args[5] and c.args[1] > 0,
+        "pageable batches": lambda c, e: not c.args[5] and c.args[1] > 0,
+        "a learning rate other than the default": lambda c, e: len(c.args) > 6,
+        "the batches checked after the call": lambda c, e: c.args[1] > 0 and not isinstance(e, Raises),
+    }
     policy = SourcePolicy(in_loops=("item", "cpu", "tolist", "numpy", "nonzero", "masked_select", "unique",
                                     "synchronize", "print"),
                           mask_index_in_loops=True, tensor_tests_in_loops=True,
@@ -1408,7 +1561,10 @@ class TrainFast(Exercise):
             lr = d(st.sampled_from([None, 0.05, 0.5]))
             return Case((seed, steps, batch, unlabelled, bad, d(st.booleans())) + ((lr,) if lr is not None else ()))
 
-        return draw(cases_from(build, st.integers(0, 1000), st.integers(0, 6), st.integers(1, 16)), 12)
+        deliberate = [Case((10, 0, 4, 0.25, None, True)), Case((11, 1, 1, 0.0, None, False)),
+                      Case((12, 3, 6, 1.0, None, True, 0.5)), Case((13, 3, 4, 0.25, 0, False)),
+                      Case((14, 4, 4, 0.25, 3, True))]
+        return deliberate + draw(cases_from(build, st.integers(0, 1000), st.integers(0, 6), st.integers(1, 16)), 10)
 
     def expected(self, case):
         seed, steps, batch, unlabelled, bad, pin = case.args[:6]
@@ -1503,13 +1659,19 @@ class CapstoneCosts(Exercise):
     title = "profile the capstone's step and name its top costs"
     probe = f"{PROBES}:capstone_probe"
     timeout_s = 120.0
+    boundary_classes = {
+        "one block": lambda c, e: c.args[0] == 1,
+        "two blocks": lambda c, e: c.args[0] == 2,
+        "the smallest batch (2)": lambda c, e: c.args[1] == 2,
+    }
 
     def visible_cases(self):
         return [Case((1, 4, 0), label="one block, batch 4")]
 
     def hidden_cases(self):
-        return [Case(args) for args in draw(st.tuples(st.integers(1, 2), st.sampled_from([2, 4, 8]),
-                                                      st.integers(0, 100)), 3)]
+        deliberate = [(2, 2, 1)]
+        return [Case(args) for args in deliberate + draw(st.tuples(st.integers(1, 2), st.sampled_from([2, 4, 8]),
+                                                                   st.integers(0, 100)), 2)]
 
     def expected(self, case):
         from torch.profiler import ProfilerActivity, profile, record_function, schedule
@@ -1579,6 +1741,12 @@ class CapstoneCosts(Exercise):
         if len(steps) in (0, 4) and got.get("calls") == [4, 4, 4]:
             return ("without a schedule the profiler records everything and names no steps: "
                     "profile(..., schedule=schedule(wait=1, warmup=1, active=2)) and prof.step() after each step.")
+        for r in steps:
+            for phase in ("forward", "backward", "optimizer"):
+                if not any(e["name"] == phase and e.get("cat") == "user_annotation" and _inside(e, r)
+                           for e in got["events"]):
+                    return (f"wrap the {phase} phase in record_function({phase!r}): every profiled step needs a range "
+                            f"named {phase!r}.")
         names = got.get("names")
         if isinstance(names, list) and any(isinstance(n, str) and not n.startswith("aten::") for n in names):
             return "only ATen ops count (names starting with 'aten::'): not ProfilerStep*, forward, backward, optimizer."
