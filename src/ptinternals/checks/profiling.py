@@ -129,8 +129,9 @@ def _histc(d, kind):
     place, bounds = kind
     s = _self(d, dtypes=("float32", "float64"), place=place)
     bins = d(st.sampled_from([4, 100]))
-    lo, hi = {"default": (0, 0), "equal": (d(st.sampled_from([1.5, -2.0, 0.0])),) * 2, "range": (-3.0, 3.0),
-              "range_tiny": (0.0, 1e-30)}[bounds]
+    equal = d(st.sampled_from([1.5, -2.0, 0.0]))
+    lo, hi = {"default": (0, 0), "equal": (equal, float(repr(equal))), "range": (-3.0, 3.0),  # two float objects:
+              "range_tiny": (0.0, 1e-30)}[bounds]                                          # `is` is not `==`
     style = d(st.sampled_from(["positional", "keywords", "omitted"] if bounds == "default" else ["positional", "keywords"]))
     if style == "omitted":
         args, kwargs = [s, bins], {}
@@ -178,7 +179,7 @@ def _index(d, kind):
 
 PUT_OPS = ("aten.index_put_.default", "aten.index_put.default", "aten._index_put_impl_.default")
 PUT_KINDS = ("masked_fill", "masked_fill_shape1", "masked_fill_uint8", "accumulate", "device_value", "multi_value",
-             "two_masks", "host_mask", "host_long", "host_long_and_mask", "device_long", "host_self")
+             "empty_value", "two_masks", "host_mask", "host_long", "host_long_and_mask", "device_long", "host_self")
 
 
 def _index_put(d, kind):
@@ -201,6 +202,8 @@ def _index_put(d, kind):
         indices, value = lead + [mask], T(s[1], d(st.sampled_from([(), (1,)])), "device")
     elif kind == "multi_value":
         indices, value = lead + [mask], T(s[1], (2,), "host")
+    elif kind == "empty_value":
+        indices, value = lead + [mask], T(s[1], (0,), "host")
     elif kind == "two_masks":
         indices = [T(mask_dtype, (rows,), "device"), T(mask_dtype, (cols,), "device")]
     elif kind == "host_long":
@@ -334,6 +337,8 @@ SYNC_HINTS = {  # scenario -> (expected, got) -> hint; only where the symptom na
     "put_accumulate": "with accumulate=True there is no masked_fill_ path: the mask becomes nonzero().",
     "put_device_value": "the masked_fill_ path needs the value on the host: a device value means nonzero().",
     "put_multi_value": "the masked_fill_ path needs a one-element value.",
+    "put_empty_value": "the masked_fill_ path needs exactly one element in the value (numel() == 1): an empty "
+                       "value does not qualify.",
     "put_two_masks": "the masked_fill_ path takes exactly one mask index: with two, both become nonzero().",
     "put_host_long_and_mask": "check for a host (non-mask) index tensor first, as the rule table says: it wins "
                               "over the mask rule.",
@@ -704,6 +709,7 @@ def _step_case(d, nbytes, pinned_bw, pageable_bw, compute, host, loop, pinned, i
         kwargs["pinned"] = pinned
     if item is not None:
         kwargs["item"] = item
+    loop = "".join(list(loop))  # a str object of its own, as after the sandbox's JSON: `is` is not `==`
     return KnownCase((xp, xg, c, h, loop), kwargs, truth={"nbytes": nbytes, "pinned_bw": pinned_bw,
                                                            "pageable_bw": pageable_bw})
 
@@ -731,6 +737,8 @@ class PredictStep(Exercise):
             and c.kwargs.get("item", False) == it)
            for loop in ref_overlap.LOOPS for pinned in (True, False) for item in (True, False)},
         "an unknown loop must raise": lambda c, e: isinstance(e, Raises),
+        "an unknown loop sorting just before a known one": lambda c, e: c.args[4] in ("Async", "blockinf"),
+        "an unknown loop sorting just after a known one": lambda c, e: c.args[4] in ("sync", "prefetch "),
     }
 
     def visible_cases(self):
@@ -762,6 +770,9 @@ class PredictStep(Exercise):
         deliberate += [_step_case(None, 0, 50.0, 12.0, 30.0, 5.0, "async", True, False),
                        _step_case(None, 1_000_000, 25.0, 25.0, 30.0, 5.0, "blocking", False, False),
                        _step_case(None, 1_000_000, 50.0, 12.0, 30.0, 5.0, "pipelined", None, None)]
+        # unknown loops that sort just before or after a known one (a comparison mutated into <= or >=)
+        deliberate += [_step_case(None, 1_000_000, 50.0, 12.0, 30.0, 5.0, loop, True, False)
+                       for loop in ("Async", "sync", "", "blockinf", "prefetch ")]
         return deliberate + draw(cases_from(build, st.sampled_from([0, 1_000_000, 250_000, 3_000_000, 10**9]),
                                st.sampled_from([(50.0, 12.0), (25.0, 25.0), (12.0, 50.0), (50.0, 0.5)]),
                                st.sampled_from(["zero", "copy", "copy_pageable", "small", 30.0, 5.0, 1e6]),
@@ -846,6 +857,7 @@ class TrainPrefetch(Exercise):
         "host-bound": lambda c, e: len(c.args[1]) > 2 and c.args[3] > max(c.args[2], max(c.args[1]) / 50e3),
         "launches that cost time": lambda c, e: c.args[0]["launch_overhead_us"] > 0 and len(c.args[1]) > 1,
         "sizes that vary": lambda c, e: len(set(c.args[1])) > 1,
+        "more than 256 batches (where `is` stops meaning `==` for ints)": lambda c, e: len(c.args[1]) > 256,
     }
 
     def visible_cases(self):
@@ -870,7 +882,8 @@ class TrainPrefetch(Exercise):
         zero = {"launch_overhead_us": 0.0}
         deliberate = [Case((zero, [], 10.0, 5.0)), Case((zero, [250_000], 10.0, 5.0)),
                       Case((zero, [1_000_000] * 5, 50.0, 5.0)), Case((zero, [1_000_000] * 5, 20.0, 5.0)),
-                      Case((zero, [500_000] * 4, 5.0, 40.0)), Case(({"launch_overhead_us": 4.0}, [0, 1_000_000, 0], 8.0, 1.0))]
+                      Case((zero, [500_000] * 4, 5.0, 40.0)), Case(({"launch_overhead_us": 4.0}, [0, 1_000_000, 0], 8.0, 1.0)),
+                      Case((zero, [1000] * 300, 1.0, 0.5))]  # counts past CPython's small-int cache (256)
         return deliberate + draw(cases_from(build, st.sampled_from([0.0, 0.0, 2.0, 10.0]), st.integers(0, 7),
                                st.sampled_from([0.0, 5.0, 20.0, 30.0, 100.0]), st.sampled_from([0.0, 5.0, 40.0])), 40)
 
@@ -1362,7 +1375,13 @@ GPU_HAND = {
     "copies and memsets": [("Memcpy HtoD", "gpu_memcpy", 9, 0, 30), ("Memset", "gpu_memset", 7, 40, 2),
                            ("gemm", "kernel", 7, 45, 20)],
     "out of order": [("b", "kernel", 7, 50, 10), ("a", "kernel", 7, 0, 10), ("c", "kernel", 8, 20, 5)],
+    "markers on the device rows (not complete events)": [("a", "kernel", 7, 0, 10), ("b", "kernel", 7, 40, 10)],
 }
+
+# Events on the device rows that are not complete ("ph": "X") events: an instant marker and a begin/end pair.
+GPU_MARKERS = [{"ph": "i", "cat": "kernel", "name": "marker", "pid": 1, "tid": 7, "ts": _us(BASE_NS + 20_000), "s": "t"},
+               {"ph": "B", "cat": "kernel", "name": "range", "pid": 1, "tid": 7, "ts": _us(BASE_NS + 25_000)},
+               {"ph": "E", "cat": "kernel", "name": "range", "pid": 1, "tid": 7, "ts": _us(BASE_NS + 30_000)}]
 
 
 class GpuActivity(Exercise):
@@ -1401,7 +1420,8 @@ class GpuActivity(Exercise):
         sims = draw(cases_from(lambda d, n, seed, k, gap: Case((_device_trace(d, n, seed),), {"k": k, "min_gap_us": gap}),
                                st.integers(1, 25), st.integers(0, 1000), st.integers(0, 6),
                                st.sampled_from([0.0, 1.0, 3.0, 10.0])), 30)
-        hand = [Case((_hand_trace(events),), {"k": k, "min_gap_us": gap}, label=name)
+        hand = [Case((_hand_trace(events, GPU_MARKERS if name.startswith("markers") else ()),),
+                     {"k": k, "min_gap_us": gap}, label=name)
                 for name, events in GPU_HAND.items() for k, gap in ((0, 0.0), (10, 4.0), (1, 5.0), (3, 0.0))]
         deliberate = [Case((_hand_trace(GPU_HAND["a gap exactly min_gap_us long"]),), {"k": 3, "min_gap_us": 3.0},
                            label="a gap one step longer than min_gap_us")]
