@@ -637,8 +637,9 @@ print(len(data["traceEvents"]), "events; one of them:",
 # total_us)}` summed over the host events, as `prof.key_averages()` reports them. Follow PyTorch
 # (`EventList._populate_cpu_children` and `_remove_dup_nodes` in `torch/autograd/profiler_util.py`):
 #
-# * host events are the `"ph": "X"` events whose category is in `HOST_CATEGORIES`, plus
-#   `"python_function"` when the trace has any (profiles taken with `with_stack=True`);
+# * host events are the complete (`"ph": "X"`) events whose category is in `HOST_CATEGORIES` or is
+#   `"python_function"` (Python frames, in profiles taken with `with_stack=True`); other phases
+#   (metadata, flows, instant markers, begin/end pairs) are not timed calls;
 # * on each thread (`pid`, `tid`), sort by start, longest first on ties; an event's parent is the
 #   innermost earlier event that contains it entirely (`start >= parent start` and `end <= parent end`;
 #   an event that starts at or after the top candidate's end, or ends after it, closes that
@@ -662,13 +663,11 @@ def op_times(trace):
     # twin: ptinternals.profiling.trace_analysis.op_times
     import re
 
-    cats = set(HOST_CATEGORIES)
-    if any(e.get("cat") == "python_function" for e in trace["traceEvents"]):
-        cats.add("python_function")
+    cats = set(HOST_CATEGORIES) | {"python_function"}
     events = []
     for e in trace["traceEvents"]:
         if e.get("ph") == "X" and e.get("cat") in cats:
-            start, dur = round(float(e["ts"]) * 1000), float(e.get("dur", 0.0))   # integer nanoseconds
+            start, dur = round(float(e["ts"]) * 1000), float(e["dur"])   # integer nanoseconds
             events.append({"name": e["name"], "thread": (e.get("pid"), e.get("tid")), "start": start,
                            "end": start + round(dur * 1000), "dur": dur, "parent": None, "children": []})
     threads = {}
@@ -683,8 +682,7 @@ def op_times(trace):
                 stack[-1]["children"].append(e)
                 e["parent"] = stack[-1]
             stack.append(e)
-    events.sort(key=lambda ev: (ev["start"], -ev["end"]))
-    while True:
+    while True:  # folding: the order of the events does not matter
         doomed = set()
         for e in events:
             p = e["parent"]

@@ -127,14 +127,15 @@ BUGGY = {
                                         'self_us = e["dur"] - sum(d["dur"] for d in events if d is not e and d["thread"] == '
                                         'e["thread"] and e["start"] <= d["start"] and d["end"] <= e["end"])')),
                             "direct children"),
-        "no_python_frames": (edited(OT, ('        cats.add("python_function")', "        pass")), "python_function"),
+        "no_python_frames": (edited(OT, ('cats = set(HOST_CATEGORIES) | {"python_function"}', "cats = set(HOST_CATEGORIES)")),
+                             "python_function"),
         "steps_not_grouped": (edited(OT, ('name = "ProfilerStep*" if re.match(r"^ProfilerStep#\\d+$", e["name"]) else e["name"]',
                                           'name = e["name"]')), "ProfilerStep*"),
         "float_microseconds": (edited(OT, (
-            """            start, dur = round(float(e["ts"]) * 1000), float(e.get("dur", 0.0))   # integer nanoseconds
+            """            start, dur = round(float(e["ts"]) * 1000), float(e["dur"])   # integer nanoseconds
             events.append({"name": e["name"], "thread": (e.get("pid"), e.get("tid")), "start": start,
                            "end": start + round(dur * 1000), "dur": dur, "parent": None, "children": []})""",
-            """            start, dur = float(e["ts"]), float(e.get("dur", 0.0))
+            """            start, dur = float(e["ts"]), float(e["dur"])
             events.append({"name": e["name"], "thread": (e.get("pid"), e.get("tid")), "start": start,
                            "end": start + dur, "dur": dur, "parent": None, "children": []})""")), "nanoseconds"),
         "sort_by_start_only": (edited(OT, ('for e in sorted(evs, key=lambda ev: (ev["start"], -ev["end"])):',

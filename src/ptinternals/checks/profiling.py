@@ -1103,7 +1103,20 @@ HAND_TRACES = {
                                 ("inner", "cpu_op", 1, 10.499, 0.001)],
     # ts + dur in floating point puts the inner end 1 ulp after the outer end; in nanoseconds they are equal
     "an exact end at a large timestamp": [("outer", "cpu_op", 1, 3.545, 5.976), ("inner", "cpu_op", 1, 3.563, 5.958)],
+    "a partial overlap by 100 ns": [("a", "cpu_op", 1, 0, 1000), ("b", "cpu_op", 1, 500, 500.1)],
+    # a zero-length event at the end of an inner event belongs to the outer one (had it been inner's only
+    # child, the same name would fold it)
+    "a zero-length event at the end of its sibling": [("outer", "cpu_op", 1, 0, 10), ("f", "cpu_op", 1, 2, 4),
+                                                      ("f", "cpu_op", 1, 6, 0)],
+    "markers on the host rows (not complete events)": [("outer", "cpu_op", 1, 0, 10), ("inner", "cpu_op", 1, 2, 3)],
 }
+
+
+# Events on the host rows that are not complete events: an instant marker inside "inner" (it would split
+# nothing but would be counted) and a begin/end pair around both.
+HOST_MARKERS = [{"ph": "i", "cat": "cpu_op", "name": "inner", "pid": 1, "tid": 1, "ts": _us(BASE_NS + 3000), "s": "t"},
+                {"ph": "B", "cat": "user_annotation", "name": "range", "pid": 1, "tid": 1, "ts": _us(BASE_NS)},
+                {"ph": "E", "cat": "user_annotation", "name": "range", "pid": 1, "tid": 1, "ts": _us(BASE_NS + 10_000)}]
 
 
 def _profile_trace(layers: str, loss: str, optim: str, with_stack: bool, ranges: bool, active: int, seed: int) -> dict:
@@ -1180,8 +1193,8 @@ class OpTimes(Exercise):
             st.sampled_from(["relu", "gelu", "ln"]), st.sampled_from(["xent", "mse"]),
             st.sampled_from(["sgd", "adam", "adamw"]), st.booleans(), st.booleans(), st.integers(1, 2),
             st.integers(0, 100)), 4)]
-        hand = [Case((_hand_trace(events, _META if i % 2 else ()),), label=name)
-                for i, (name, events) in enumerate(HAND_TRACES.items())]
+        hand = [Case((_hand_trace(events, HOST_MARKERS if name.startswith("markers") else _META if i % 2 else ()),),
+                      label=name) for i, (name, events) in enumerate(HAND_TRACES.items())]
         return real + hand + [Case(({"traceEvents": list(_META)},), label="an empty trace (no host events)")]
 
     def expected(self, case):
