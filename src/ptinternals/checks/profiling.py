@@ -1726,8 +1726,9 @@ class CapstoneCosts(Exercise):
                     prof.step()
         finally:
             torch.set_num_threads(threads)
-        ops = step_ops(P.trace_host_events(path))
-        return {"ops": ops[-1] if ops else Counter()}
+        events = P.trace_host_events(path)
+        ops = step_ops(events)
+        return {"ops": ops[-1] if ops else Counter(), "steps": [r["name"] for r in step_ranges(events)]}
 
     def compare(self, case, got, expected):
         if not _dict(got):
@@ -1742,6 +1743,9 @@ class CapstoneCosts(Exercise):
         if len(steps) != 2:
             return (f"the trace holds {len(steps)} profiled steps (ProfilerStep#N ranges); schedule(wait=1, warmup=1, "
                     f"active=2) with prof.step() after each step keeps exactly 2")
+        if [r["name"] for r in steps] != expected["steps"]:
+            return (f"the trace records {[r['name'] for r in steps]}; schedule(wait=1, warmup=1, active=2) records "
+                    f"{expected['steps']}: one step skipped, one warm-up step thrown away, then two kept")
         for r in steps:
             for phase in ("forward", "backward", "optimizer"):
                 n = sum(e["name"] == phase and e.get("cat") == "user_annotation" and _inside(e, r) for e in events)
