@@ -89,7 +89,7 @@ BUGGY = {
         "prefetch_item_serialises_the_copy": (edited(PS, ("max(host + c, xp) if item", "host + max(xp, c) if item")),
                                               "already runs"),
         "blocking_without_overlap": (edited(PS, ("return x + c + h if item else x + max(h, c)", "return x + c + h")),
-                                     "X + max(H, C)"),
+                                     "overlaps the compute"),
     },
     TP: {
         "no_record_stream": (edited(TP, ("buf.record_stream(device.current_stream)", "pass")), "record_stream"),

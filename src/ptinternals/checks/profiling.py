@@ -818,17 +818,17 @@ class PredictStep(Exercise):
             wrong.append((xp + (c + h if item else max(h, c)), "a blocking copy from pageable memory runs at the "
                                                                "pageable bandwidth: use X_pageable when pinned=False."))
             wrong.append((((xp if pinned else xg) + c + h) if not item else None,
-                          "without .item() the host prepares the next batch while the device computes: "
-                          "X + max(H, C)."))
+                          "without .item() the host prepares the next batch while the device computes: the host's "
+                          "work overlaps the compute."))
         if loop == "async" and not pinned and not item:
             wrong.append((max(h, xg + c), "from pageable memory the host stages the bytes itself (H + X_pageable "
                                           "on the host) and the device then copies at the pinned speed."))
         if loop == "prefetch":
-            wrong.append((max(xp, c) if not item else None, "the host's own work per step bounds the loop too: "
-                                                             "max(H', X, C)."))
+            wrong.append((max(xp, c) if not item else None, "the host's own work per step bounds the loop too: it "
+                                                             "cannot load batches faster than it prepares them."))
             wrong.append((host + max(xp, c) if item else None,
-                          "with .item() the copy of batch i+1 already runs while step i computes; only the host "
-                          "waits: max(H' + C, X)."))
+                          "with .item() the copy of batch i+1 already runs while step i computes: only the host "
+                          "waits for the compute."))
         for value, hint in wrong:
             if value is not None and not math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-9) and \
                     math.isclose(got["value"], value, rel_tol=1e-9, abs_tol=1e-9):
@@ -1541,8 +1541,8 @@ def judge_aten_calls(calls: list) -> list[tuple[str, str, str]]:
 
 
 FAST_HINTS = {
-    "scalar_read": "keep each loss on the device (loss.detach()) and read them all once, after the loop "
-                   "(torch.stack(losses).tolist()); a NaN check can use those host values.",
+    "scalar_read": "keep each loss on the device (loss.detach()) and read them all once, after the loop; a NaN "
+                   "check can use those host values.",
     "bool_mask_index": "leave the unlabelled rows to cross_entropy: ignore_index=-1 skips them without a mask.",
     "host_to_device": "copy the batches with non_blocking=True from pinned memory (x.pin_memory()).",
     "pageable_async": "non_blocking=True from pageable memory still makes the host stage the bytes: pin first "
