@@ -39,8 +39,12 @@ __all__ = ["IncompatibleKeys", "StateDict", "EXTRA_STATE_KEY_SUFFIX"]
 EXTRA_STATE_KEY_SUFFIX = "_extra_state"
 
 
-class IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
-    """What ``load_state_dict`` returns: torch's ``_IncompatibleKeys`` (a namedtuple of two lists)."""
+class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
+    """What ``load_state_dict`` returns: torch's ``_IncompatibleKeys`` (a namedtuple of two lists).
+
+    Same class name as torch's, so that even the repr is identical:
+    ``_IncompatibleKeys(missing_keys=[...], unexpected_keys=[...])``.
+    """
 
     __slots__ = ()
 
@@ -50,6 +54,9 @@ class IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpect
         return super().__repr__()
 
     __str__ = __repr__
+
+
+IncompatibleKeys = _IncompatibleKeys
 
 
 class StateDict:
@@ -168,7 +175,7 @@ class StateDict:
                     elif input_name[0] not in local_state:
                         unexpected_keys.append(key)
 
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False) -> IncompatibleKeys:
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False) -> _IncompatibleKeys:
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
         if not isinstance(strict, bool):
@@ -207,4 +214,4 @@ class StateDict:
         if error_msgs:
             raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(
                 self.__class__.__name__, "\n\t".join(error_msgs)))
-        return IncompatibleKeys(missing_keys, unexpected_keys)
+        return _IncompatibleKeys(missing_keys, unexpected_keys)
