@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .registration import ModuleBase
+
 __all__ = ["functional_call"]
 
 _MISSING = object()  # "this name did not exist before the swap"
@@ -144,7 +146,7 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
     """``module(*args, **kwargs)`` with the named tensors of ``parameter_and_buffer_dicts`` swapped in."""
     if isinstance(parameter_and_buffer_dicts, dict):
         parameters_and_buffers = parameter_and_buffer_dicts
-    elif isinstance(parameter_and_buffer_dicts, Sequence) and not isinstance(parameter_and_buffer_dicts, str):
+    elif isinstance(parameter_and_buffer_dicts, Sequence):  # a str too: torch reports its items
         if not all(isinstance(d, dict) for d in parameter_and_buffer_dicts):
             raise ValueError("Expected all elements of parameter_and_buffer_dicts to be dictionaries")
         counts = Counter(k for d in parameter_and_buffer_dicts for k in d)
@@ -155,10 +157,13 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
     else:
         raise ValueError("Expected parameter_and_buffer_dicts to be a dict, or a list/tuple of dicts, "
                          f"but got {type(parameter_and_buffer_dicts)}")
+    for key in parameters_and_buffers:
+        if not isinstance(key, str):
+            raise TypeError(f"parameter_and_buffer_dicts keys must be str (dotted names), got {key!r}")
     for name in ("tie_weights", "strict"):
         if not isinstance(locals()[name], bool):
             raise TypeError(f"{name} must be a bool, got {locals()[name]!r}")
-    if not callable(getattr(module, "_call_impl", None)) or not hasattr(module, "_parameters"):
+    if not isinstance(module, ModuleBase):
         raise TypeError(f"module must be a MiniModule, got {type(module).__name__}")
     if kwargs is None:
         kwargs = {}

@@ -32,27 +32,28 @@ __all__ = [
 class RemovableHandle:
     """What ``register_*_hook`` returns: ``handle.remove()`` deletes the hook (and its flags).
 
-    ``hooks_dict`` is held by weak reference, as in torch, so a handle does not keep a dead module's
+    ``hooks_dict`` (an OrderedDict: a plain dict cannot be weakly referenced) is held by weak reference,
+    as in torch, so a handle does not keep a dead module's
     tables alive. ``extra_dict`` (one dict or a list) are the side tables (``_forward_hooks_with_kwargs``,
     ``_forward_hooks_always_called``) whose entry for this id must go too.
     """
 
     next_id: int = 0  # class-wide: ids are unique across all modules and all kinds of hooks
 
-    def __init__(self, hooks_dict: dict, *, extra_dict=None) -> None:
-        if not isinstance(hooks_dict, dict):
-            raise TypeError(f"hooks_dict must be a dict, got {type(hooks_dict).__name__}")
+    def __init__(self, hooks_dict: OrderedDict, *, extra_dict=None) -> None:
+        if not isinstance(hooks_dict, OrderedDict):  # a plain dict cannot be weakly referenced
+            raise TypeError(f"hooks_dict must be an OrderedDict, got {type(hooks_dict).__name__}")
         self.hooks_dict_ref = weakref.ref(hooks_dict)
         self.id = RemovableHandle.next_id
         RemovableHandle.next_id += 1
         if extra_dict is None:
             extras = []
-        elif isinstance(extra_dict, dict):
+        elif isinstance(extra_dict, OrderedDict):
             extras = [extra_dict]
-        elif isinstance(extra_dict, list) and all(isinstance(d, dict) for d in extra_dict):
+        elif isinstance(extra_dict, list) and all(isinstance(d, OrderedDict) for d in extra_dict):
             extras = extra_dict
         else:
-            raise TypeError(f"extra_dict must be a dict or a list of dicts, got {type(extra_dict).__name__}")
+            raise TypeError(f"extra_dict must be an OrderedDict or a list of them, got {type(extra_dict).__name__}")
         self.extra_dict_ref = tuple(weakref.ref(d) for d in extras)
 
     def remove(self) -> None:

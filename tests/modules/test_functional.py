@@ -1,0 +1,112 @@
+"""``functional_call`` against ``torch.func.functional_call`` on generated trees."""
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ptinternals.modules import Linear, MiniModule, Sequential, build_tree, example_spec, functional_call
+
+from .strategies import both, outcome, tree_specs
+
+
+def all_names(root) -> list:
+    return [n for n, _ in [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]]
+
+
+def snapshot(root) -> list:
+    return [(n, id(t)) for n, t in [*root.named_parameters(remove_duplicate=False),
+                                     *root.named_buffers(remove_duplicate=False)]]
+
+
+def replacement(name: str, like: torch.Tensor, k: int) -> torch.Tensor:
+    """A new value for ``name`` (same shape, other values); requires grad when ``like`` is float."""
+    g = torch.Generator().manual_seed(1000 + k)
+    if like.is_floating_point():
+        return torch.randn(like.shape, generator=g, dtype=like.dtype).requires_grad_(True)
+    return torch.full(like.shape, 5, dtype=like.dtype)
+
+
+@given(tree_specs(), st.data(), st.booleans(), st.booleans(), st.sampled_from(["dict", "two_dicts"]))
+def test_functional_call_matches_torch_func(spec, data, tie_weights, strict, packing):
+    tn, mn = both(spec)
+    names = all_names(tn[0])
+    chosen = data.draw(st.lists(st.sampled_from(names), unique=True) if names else st.just([]))
+    if data.draw(st.booleans()):
+        chosen = chosen + ["not_a_name"]
+    lookup = dict([*tn[0].named_parameters(remove_duplicate=False), *tn[0].named_buffers(remove_duplicate=False)])
+    new = {n: replacement(n, lookup.get(n, torch.zeros(())), k) for k, n in enumerate(chosen)}
+    if packing == "two_dicts":
+        half = len(chosen) // 2
+        arg = (dict(list(new.items())[:half]), dict(list(new.items())[half:]))
+    else:
+        arg = new
+    x = torch.linspace(-1, 1, 2 * spec["dim"]).reshape(2, spec["dim"])
+    before_t, before_m = snapshot(tn[0]), snapshot(mn[0])
+
+    def run(call, root):
+        for t in new.values():
+            t.grad = None
+        got = outcome(lambda: call(root, arg, (x,), tie_weights=tie_weights, strict=strict))
+        if got[0] != "ok":
+            return got
+        y = got[1]
+        if y.requires_grad:
+            y.sum().backward()
+        return ("ok", y.tolist(), {n: None if t.grad is None else t.grad.tolist() for n, t in new.items()})
+
+    got_t = run(torch.func.functional_call, tn[0])
+    got_m = run(functional_call, mn[0])
+    assert got_m == got_t
+    assert snapshot(tn[0]) == before_t and snapshot(mn[0]) == before_m  # originals are back, same objects
+    # the call did not touch the module's own values (int counters aside: the forward increments them)
+    assert [t.tolist() for _, t in mn[0].named_parameters()] == [t.tolist() for _, t in tn[0].named_parameters()]
+
+
+def test_tied_values_conflict_like_torch():
+    tn, mn = both(example_spec())
+    conflict = {"embed.weight": torch.zeros(3, 3), "head.weight": torch.ones(3, 3)}
+    x = torch.ones(1, 3)
+    assert outcome(lambda: functional_call(mn[0], conflict, x)) == \
+        outcome(lambda: torch.func.functional_call(tn[0], conflict, x))
+    ok_t = torch.func.functional_call(tn[0], conflict, x, tie_weights=False)
+    ok_m = functional_call(mn[0], conflict, x, tie_weights=False)
+    assert torch.equal(ok_t, ok_m)
+
+
+def test_restores_even_when_forward_raises():
+    model = Sequential(Linear(2, 2))
+    weight = model[0].weight
+    assert outcome(lambda: functional_call(model, {"0.weight": torch.ones(3, 3)}, torch.ones(1, 2)))[0] == "raised"
+    assert model[0].weight is weight
+
+
+def test_grad_through_functional_call_is_per_call():
+    model = Sequential(Linear(3, 1))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    xs, ys = torch.randn(4, 3), torch.randn(4, 1)
+
+    def loss(p, x, y):
+        return ((functional_call(model, p, (x,)) - y) ** 2).mean()
+
+    per_example = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, xs, ys)
+    for i in range(4):
+        w = params["0.weight"].clone().requires_grad_(True)
+        b = params["0.bias"].clone().requires_grad_(True)
+        ((xs[i] @ w.T + b - ys[i]) ** 2).mean().backward()
+        assert torch.allclose(per_example["0.weight"][i], w.grad) and torch.allclose(per_example["0.bias"][i], b.grad)
+
+
+def test_bad_dicts_raise_like_torch():
+    tn, mn = both(example_spec())
+    x = torch.ones(1, 3)
+    for bad in ([1, 2], ({"embed.weight": torch.ones(3, 3)}, {"embed.weight": torch.ones(3, 3)}), "weights"):
+        assert outcome(lambda b=bad: functional_call(mn[0], b, x)) == \
+            outcome(lambda b=bad: torch.func.functional_call(tn[0], b, x))
+
+
+def test_plain_module_built_by_tree_builder_works():
+    root = build_tree(example_spec(), MiniModule)[0]
+    assert isinstance(root, MiniModule)
+    y = functional_call(root, {}, torch.ones(1, 3))
+    assert torch.equal(y, root(torch.ones(1, 3)))
