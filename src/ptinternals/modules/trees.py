@@ -14,7 +14,7 @@ Spec (every list in registration order)::
         {"cls": "Block",
          "params":   [[local_name, index into params | None], ...],      # same index twice: tied
          "buffers":  [[local_name, index into buffers | None, persistent], ...],
-         "children": [[local_name, index into nodes (> own index) | None], ...]},   # shared child
+         "children": [[local_name, index into nodes | None], ...]},   # same index twice: shared; no cycles
         ...]}
 
 The forward of every built node, for ``x`` of shape ``(batch, D)``: for each own parameter ``p``,
@@ -90,12 +90,32 @@ def validate_spec(spec) -> None:
                 names.add(name)
                 if index is None:
                     continue
-                low = n + 1 if kind == "children" else 0  # children point forward: no cycles
-                if isinstance(index, bool) or not isinstance(index, int) or not low <= index < len(table):
-                    raise _err(f"{where}['{kind}'][{k}][1]", f"must be None or an index in [{low}, {len(table)})",
-                               index)
+                if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(table):
+                    raise _err(f"{where}['{kind}'][{k}][1]", f"must be None or an index in [0, {len(table)})", index)
                 if kind == "buffers" and not isinstance(entry[2], bool):
                     raise _err(f"{where}['buffers'][{k}][2]", "(persistent) must be a bool", entry[2])
+    _check_acyclic(nodes)
+
+
+def _check_acyclic(nodes: list) -> None:
+    """A module may not contain itself (forward would recurse forever): depth-first search for a back edge."""
+    state = [0] * len(nodes)  # 0 unseen, 1 on the current path, 2 done
+
+    def visit(n: int, path: list) -> None:
+        state[n] = 1
+        for _, child in nodes[n].get("children", []):
+            if child is None:
+                continue
+            if state[child] == 1:
+                cycle = " -> ".join(str(i) for i in path + [n, child])
+                raise ValueError(f"spec['nodes'] has a cycle ({cycle}): a module cannot contain itself")
+            if state[child] == 0:
+                visit(child, path + [n])
+        state[n] = 2
+
+    for n in range(len(nodes)):
+        if state[n] == 0:
+            visit(n, [])
 
 
 def build_tree(spec: dict, base: type, seed: int = 0, dtype: torch.dtype = torch.float32) -> list:
