@@ -15,6 +15,9 @@ torch/nn/utils/stateless.py and torch/_functorch/functional_call.py it relies on
 - :mod:`.containers`: ``Sequential``, ``ModuleList``, ``Linear``, ``BatchNorm1d``, ``Dropout`` on MiniModule.
 - :mod:`.functional`: ``functional_call`` (parameters swapped in for one call).
 - :mod:`.trees`: the same module tree built on ``torch.nn.Module`` or ``MiniModule`` from plain data.
+- :mod:`.hook_order`: the order of hook calls of a chain of modules, predicted without running it.
+- :mod:`.scaffold`: ``ModuleState`` and ``compose``, what the exercises' mixins are written over
+  (shipped to the grading sandbox; no solution in it).
 
 Nothing here imports the grading package.
 """

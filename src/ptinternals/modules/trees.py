@@ -118,12 +118,18 @@ def _check_acyclic(nodes: list) -> None:
             visit(n, [])
 
 
-def build_tree(spec: dict, base: type, seed: int = 0, dtype: torch.dtype = torch.float32) -> list:
+def build_tree(spec: dict, base: type, seed: int = 0, dtype: torch.dtype = torch.float32,
+               register: bool = True) -> list:
     """Build ``spec`` on ``base`` (``torch.nn.Module``, ``MiniModule``...); return the node modules.
 
     ``result[0]`` is the root; ``result[i]`` is the module of ``spec["nodes"][i]``. Float tensors get
     ``dtype`` and values from ``torch.Generator().manual_seed(seed)``, drawn in spec order.
+    ``register=False`` writes the state dicts directly (``module._parameters[name] = p``...) instead of
+    calling ``register_parameter``/``register_buffer``/``add_module``: for classes that have the
+    state dicts but not (yet) the registration methods, like the exercises' ``ModuleState``.
     """
+    if not isinstance(register, bool):
+        raise TypeError(f"register must be a bool, got {register!r}")
     validate_spec(spec)
     if not isinstance(base, type):
         raise TypeError(f"base must be a class, got {type(base).__name__}")
@@ -146,12 +152,26 @@ def build_tree(spec: dict, base: type, seed: int = 0, dtype: torch.dtype = torch
         modules.append(cls())
     for node, module in zip(spec["nodes"], modules):
         for name, index in node.get("params", []):
-            module.register_parameter(name, None if index is None else params[index])
+            value = None if index is None else params[index]
+            if register:
+                module.register_parameter(name, value)
+            else:
+                module._parameters[name] = value
         for name, index, persistent in node.get("buffers", []):
-            module.register_buffer(name, None if index is None else buffers[index], persistent=persistent)
+            value = None if index is None else buffers[index]
+            if register:
+                module.register_buffer(name, value, persistent=persistent)
+            else:
+                module._buffers[name] = value
+                if not persistent:
+                    module._non_persistent_buffers_set.add(name)
     for node, module in zip(spec["nodes"], modules):  # children last: every subtree is complete
         for name, index in node.get("children", []):
-            module.add_module(name, None if index is None else modules[index])
+            child = None if index is None else modules[index]
+            if register:
+                module.add_module(name, child)
+            else:
+                module._modules[name] = child
     return modules
 
 

@@ -1,0 +1,60 @@
+"""The exercises' scaffold: mixins over ModuleState, trees filled through the dicts, behave like torch."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+
+from ptinternals.modules import MiniModule, build_tree
+from ptinternals.modules.call import Calling
+from ptinternals.modules.conversion import Conversion
+from ptinternals.modules.modes import Modes
+from ptinternals.modules.registration import ModuleBase
+from ptinternals.modules.scaffold import ModuleState, compose
+from ptinternals.modules.state_dict import StateDict
+from ptinternals.modules.traversal import Traversal
+from ptinternals.viz.modules import trace_hook_calls
+
+from .strategies import tree_specs
+
+
+@given(tree_specs(max_nodes=4, dims=(1, 2)))
+def test_mixins_over_module_state_match_torch(spec):
+    cls = compose(Traversal, Conversion, StateDict, Calling, Modes, name="Student")
+    student = build_tree(spec, cls, register=False)
+    ref = build_tree(spec, torch.nn.Module)
+    assert [n for n, _ in student[0].named_parameters()] == [n for n, _ in ref[0].named_parameters()]
+    assert list(student[0].state_dict()) == list(ref[0].state_dict())
+    x = torch.ones(2, spec["dim"], requires_grad=True)
+    assert trace_hook_calls(student[0], x) == trace_hook_calls(ref[0], x)
+
+
+@given(tree_specs(max_nodes=4))
+def test_direct_fill_equals_registration(spec):
+    a = build_tree(spec, MiniModule)
+    b = build_tree(spec, MiniModule, register=False)
+    for m, n in zip(a, b):
+        assert list(m._parameters) == list(n._parameters) and list(m._buffers) == list(n._buffers)
+        assert list(m._modules) == list(n._modules)
+        assert m._non_persistent_buffers_set == n._non_persistent_buffers_set
+
+
+def test_compose_adds_a_plain_call_only_when_needed():
+    plain = compose(Traversal)
+    assert "__call__" in vars(plain) and issubclass(plain, ModuleState)
+    hooked = compose(Calling)
+    assert "__call__" not in vars(hooked)
+    registered = compose(ModuleBase, Traversal)  # the reference's Registration brings its own __init__
+    m = registered()
+    m.w = torch.nn.Parameter(torch.ones(1))
+    assert [n for n, _ in m.named_parameters()] == ["w"]
+    assert not issubclass(plain, torch.nn.Module)
+
+
+def test_compose_and_build_errors():
+    with pytest.raises(TypeError, match=r"mixins\[1\] must be a class"):
+        compose(Traversal, 3)
+    with pytest.raises(ValueError, match="name must be an identifier"):
+        compose(Traversal, name="a b")
+    with pytest.raises(TypeError, match="register must be a bool"):
+        build_tree({"dim": 1, "params": [], "buffers": [], "nodes": [{"cls": "A"}]}, MiniModule, register=None)
