@@ -16,8 +16,9 @@ torch/nn/utils/stateless.py and torch/_functorch/functional_call.py it relies on
 - :mod:`.functional`: ``functional_call`` (parameters swapped in for one call).
 - :mod:`.trees`: the same module tree built on ``torch.nn.Module`` or ``MiniModule`` from plain data.
 - :mod:`.hook_order`: the order of hook calls of a chain of modules, predicted without running it.
-- :mod:`.scaffold`: ``ModuleState`` and ``compose``, what the exercises' mixins are written over
-  (shipped to the grading sandbox; no solution in it).
+- :mod:`.scaffold`: ``ModuleState`` and ``compose``, what the exercises' mixins are written over, and
+  ``BrokenNet`` for the bug hunt (shipped to the grading sandbox; no solution in it).
+- :mod:`.bug_hunt`: ``FixedNet`` and ``load_checkpoint`` (strip wrapper prefixes, then load strictly).
 
 Nothing here imports the grading package.
 """

@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 from .trees import build_tree, example_spec
 
-__all__ = ["ModuleState", "compose", "build_tree", "example_spec"]
+__all__ = ["ModuleState", "compose", "build_tree", "example_spec", "BrokenNet"]
 
 
 class ModuleState:
@@ -70,3 +70,31 @@ def compose(*mixins: type, name: str = "StudentModule") -> type:
     if not any("__call__" in vars(m) for m in mixins):
         namespace["__call__"] = _plain_call
     return type(name, (*mixins, ModuleState), namespace)
+
+
+# ---- the bug hunt: a model with three classic module bugs (the notebook asks for a fixed version) ----
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+class BrokenNet(nn.Module):
+    """A tiny causal sequence mixer, ``x (B, T, D) -> (B, T, D)``, whose arithmetic is right.
+
+    Its module plumbing is not: find what ``parameters()``, ``state_dict()``, ``.to()`` and hooks miss.
+    """
+
+    def __init__(self, dim: int, depth: int, max_len: int) -> None:
+        super().__init__()
+        self.blocks = [nn.Linear(dim, dim) for _ in range(depth)]
+        self.norm = nn.LayerNorm(dim)
+        self.mask = torch.tril(torch.ones(max_len, max_len))  # (max_len, max_len), 1 = may attend
+        self.register_buffer("scale", torch.tensor(dim ** -0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        scores = (x @ x.transpose(1, 2)) * self.scale  # (B, T, T)
+        weights = scores.masked_fill(self.mask[:T, :T] == 0, float("-inf")).softmax(-1)
+        x = weights @ x  # (B, T, D)
+        for block in self.blocks:
+            x = x + block.forward(x).relu()
+        return self.norm(x)
