@@ -57,6 +57,11 @@ def test_functional_call_matches_torch_func(spec, data, tie_weights, strict, pac
 
     got_t = run(torch.func.functional_call, tn[0])
     got_m = run(functional_call, mn[0])
+    if got_t[:2] == ("raised", "KeyError"):
+        # torch 2.13 bug (stateless._untie_named_tensors_map): two of three or more names of one tied
+        # tensor given -> KeyError on the name not given. The reference fills it in instead.
+        assert got_m[0] == "ok" or got_m[1] == "ValueError"
+        return
     assert got_m == got_t
     assert snapshot(tn[0]) == before_t and snapshot(mn[0]) == before_m  # originals are back, same objects
     # the call did not touch the module's own values (int counters aside: the forward increments them)
@@ -95,6 +100,21 @@ def test_grad_through_functional_call_is_per_call():
         b = params["0.bias"].clone().requires_grad_(True)
         ((xs[i] @ w.T + b - ys[i]) ** 2).mean().backward()
         assert torch.allclose(per_example["0.weight"][i], w.grad) and torch.allclose(per_example["0.bias"][i], b.grad)
+
+
+def test_partially_given_tied_group_deviates_from_torch_on_purpose():
+    """torch raises KeyError('c') when 2 of 3 tied names are given (a bug); the reference uses the value."""
+    def make(world):
+        m = type("Tied", (world,), {"forward": lambda self, x: x * self.a})()
+        p = torch.nn.Parameter(torch.ones(2))
+        for name in "abc":
+            m.register_parameter(name, p)
+        return m
+
+    z = torch.zeros(2)
+    got_t = outcome(lambda: torch.func.functional_call(make(torch.nn.Module), {"a": z, "b": z}, (torch.ones(2),)))
+    assert got_t[0] == "ok" or got_t[1] == "KeyError"  # "ok" once fixed upstream
+    assert torch.equal(functional_call(make(MiniModule), {"a": z, "b": z}, (torch.ones(2),)), torch.zeros(2))
 
 
 def test_bad_dicts_raise_like_torch():

@@ -18,6 +18,10 @@ the module's parameter and buffer names (every alias of a tied tensor included).
 
 Simplified: no ``stack_weights`` and no JIT/DataParallel checks. Names that are neither a parameter
 nor a buffer are set as plain attributes, as torch does.
+
+Deliberate difference: when two of three (or more) names of one tied tensor are given, torch 2.13's
+``_untie_named_tensors_map`` raises ``KeyError`` for the name that was not given (it looks up every
+tied name in the user's dict); here the check only compares the values that were given.
 """
 from __future__ import annotations
 
