@@ -19,9 +19,14 @@ the module's parameter and buffer names (every alias of a tied tensor included).
 Simplified: no ``stack_weights`` and no JIT/DataParallel checks. Names that are neither a parameter
 nor a buffer are set as plain attributes, as torch does.
 
-Deliberate difference: when two of three (or more) names of one tied tensor are given, torch 2.13's
-``_untie_named_tensors_map`` raises ``KeyError`` for the name that was not given (it looks up every
-tied name in the user's dict); here the check only compares the values that were given.
+Deliberate differences from torch 2.13, both bugs there:
+
+- a module registered under two names (``nn.Sequential(lin, lin)``) with ``tie_weights=True``: torch
+  swaps the one slot twice and restores first-in-first-out, so after the call the module *keeps* the
+  tensor you passed (pytorch/pytorch#164759). Here originals are restored last-in-first-out.
+- two of three (or more) names of one tied tensor given: torch's ``_untie_named_tensors_map`` raises
+  ``KeyError`` for the name not given (it looks up every tied name in the user's dict); here the check
+  only compares the values that were given.
 """
 from __future__ import annotations
 
@@ -140,7 +145,10 @@ def _reparametrize_module(module, parameters_and_buffers: dict, tie_weights: boo
             raise
         yield
     finally:
-        restored = {name: _swap_tensor(module, name, orig) for name, orig in originals.items()}
+        # Restore in reverse order (torch does so only with stack_weights=True). Two names can reach the
+        # same slot (a module registered twice, tie_weights=True): the second swap then saved the *new*
+        # tensor as "original", and restoring first-in-first-out would leave it in the module.
+        restored = {name: _swap_tensor(module, name, orig) for name, orig in reversed(list(originals.items()))}
         # If forward replaced a swapped-in tensor (an in-place buffer update by assignment), tell the caller.
         parameters_and_buffers.update({k: restored[k] for k in parameters_and_buffers if k in restored})
 
