@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Modules: what `model(x)` really does
+# # {{title}}
 #
 # You call `model(x)`, `model.parameters()`, `model.state_dict()` and `model.eval()` every day. They
 # are about 3,000 lines of Python in `torch/nn/modules/module.py`, and you can read every one of
@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 
 from ptinternals.grading import check
-from ptinternals.modules.scaffold import BrokenNet, ModuleState, build_tree, compose, example_spec
+from ptinternals.modules.scaffold import BrokenNet, ModuleState, build_tree, example_spec
 from ptinternals.quiz import quiz_progress, show_quiz
 from ptinternals.viz.modules import draw_hook_timeline, draw_module_tree, trace_hook_calls
 
@@ -144,7 +144,7 @@ print(attempt(lambda: norm.does_not_exist))
 # `nn.Buffer` to it raises `KeyError: "attribute 'mean' already exists"`. Delete it first
 # (`del norm.mean`), then assign.
 #
-# ### Exercise: registration
+# ### {{exercise register}}: registration
 #
 # Write the mixin `Registration`. It is used on top of the scaffold's `ModuleState`, which only
 # creates the attributes `Module.__init__` creates (`training`, `_parameters`, `_buffers`,
@@ -178,6 +178,7 @@ def _is_module(value):
 class Registration:
     def register_parameter(self, name, param):
         ### BEGIN SOLUTION
+        # twin: ptinternals.modules.registration.ModuleBase
         if "_parameters" not in self.__dict__:
             raise AttributeError("cannot assign parameter before Module.__init__() call")
         if not isinstance(name, str):
@@ -341,7 +342,7 @@ untied = sum(p.numel() for _, p in net.named_parameters(remove_duplicate=False))
 print(f"parameters: {tied} counted once each, {untied} if tied weights and shared blocks were counted twice")
 
 # %% [markdown]
-# ### Exercise: traversal
+# ### {{exercise traverse}}: traversal
 #
 # Write the mixin `Traversal` with `named_modules(memo=None, prefix="", remove_duplicate=True)`,
 # `named_children()`, `children()`, `named_parameters(prefix="", recurse=True, remove_duplicate=True)`,
@@ -356,6 +357,7 @@ print(f"parameters: {tied} counted once each, {untied} if tied weights and share
 class Traversal:
     def named_modules(self, memo=None, prefix="", remove_duplicate=True):
         ### BEGIN SOLUTION
+        # twin: ptinternals.modules.traversal.Traversal
         if memo is None:
             memo = set()
         if self in memo:
@@ -478,7 +480,7 @@ finally:
     torch.__future__.set_overwrite_module_params_on_conversion(False)
 
 # %% [markdown]
-# ### Exercise: conversion
+# ### {{exercise convert}}: conversion
 #
 # Write the mixin `Conversion` with `_apply(fn, recurse=True)` and `to(*args, **kwargs)`:
 #
@@ -508,6 +510,7 @@ from torch.nn import Parameter
 class Conversion:
     def _apply(self, fn, recurse=True):
         ### BEGIN SOLUTION
+        # twin: ptinternals.modules.conversion.Conversion
         if recurse:
             seen = set()
             for module in self._modules.values():
@@ -635,7 +638,7 @@ big.load_state_dict(nn.Linear(4, 4).state_dict(), assign=True)
 print("after assign=True:", big.weight.device, big.weight.requires_grad)
 
 # %% [markdown]
-# ### Exercise: checkpoints
+# ### {{exercise state_dict}}: checkpoints
 #
 # Write the mixin `StateDict` with `state_dict(*, destination=None, prefix="", keep_vars=False)` and
 # `load_state_dict(state_dict, strict=True, assign=False)`:
@@ -680,6 +683,7 @@ class IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpect
 class StateDict:
     def state_dict(self, *, destination=None, prefix="", keep_vars=False):
         ### BEGIN SOLUTION
+        # twin: ptinternals.modules.state_dict.StateDict
         if destination is None:
             destination = OrderedDict()
             destination._metadata = OrderedDict()
@@ -828,7 +832,7 @@ x = torch.ones(2, 3, requires_grad=True)
 draw_hook_timeline(trace_hook_calls(net, x), title="hook calls of net(x).sum().backward()")
 
 # %% [markdown]
-# ### Exercise: `__call__` with hooks
+# ### {{exercise call}}: `__call__` with hooks
 #
 # Write the mixin `Calling` with:
 #
@@ -862,6 +866,7 @@ class _Identity(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *tensors):
         ### BEGIN SOLUTION
+        # twin: ptinternals.modules.call.Calling
         ctx.mark_non_differentiable(*[t for t in tensors if not t.requires_grad])
         return tensors
         ### END SOLUTION
@@ -1044,7 +1049,7 @@ check("modules.call", Calling, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ### Exercise: predict the order
+# ### {{exercise hook_order}}: predict the order
 #
 # Now without running anything. A *chain tree* describes a model whose modules each multiply their
 # input by their own parameter (if they have one; `"trainable"` or `"frozen"`), then call their
@@ -1065,6 +1070,7 @@ check("modules.call", Calling, hidden=True)
 # %% [answer hook_order]
 def hook_order(tree, input_requires_grad):
     ### BEGIN SOLUTION
+    # twin: ptinternals.modules.hook_order.predict_hook_order
     table = {}
 
     def index(node, path):
@@ -1178,7 +1184,7 @@ print("the module's own weight is back:", lin.weight is lin._parameters["weight"
 # two different values for one tied tensor raise. With `strict=True` the given names must be exactly
 # all parameter and buffer names.
 #
-# ### Exercise: `functional_call`
+# ### {{exercise functional_call}}: `functional_call`
 #
 # Write `functional_call(module, parameters_and_buffers, args=(), kwargs=None, *, tie_weights=True,
 # strict=False)` for real `torch.nn.Module`s (a single dict; `args` a tuple or a single value):
@@ -1203,6 +1209,7 @@ print("the module's own weight is back:", lin.weight is lin._parameters["weight"
 # %% [answer functional_call]
 def functional_call(module, parameters_and_buffers, args=(), kwargs=None, *, tie_weights=True, strict=False):
     ### BEGIN SOLUTION
+    # twin: ptinternals.modules.functional.functional_call
     given = dict(parameters_and_buffers)
     everything = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
     if tie_weights:
@@ -1295,7 +1302,7 @@ broken(torch.randn(1, 5, 4))
 print("hooks on the blocks fired", len(calls), "times")
 
 # %% [markdown]
-# ### Exercise: fix the model
+# ### {{exercise fix_model}}: fix the model
 #
 # Write `FixedNet(nn.Module)` (here subclassing `nn.Module` is the point) with the same constructor
 # and the same arithmetic as `BrokenNet`, and correct plumbing: the blocks' parameters registered
@@ -1311,6 +1318,7 @@ class FixedNet(nn.Module):
     def __init__(self, dim, depth, max_len):
         super().__init__()
         ### BEGIN SOLUTION
+        # twin: ptinternals.modules.bug_hunt.FixedNet
         self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.register_buffer("mask", torch.tril(torch.ones(max_len, max_len)), persistent=False)
@@ -1336,7 +1344,7 @@ check("modules.fix_model", FixedNet, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ### Exercise: a checkpoint loader that cannot fail silently
+# ### {{exercise load_checkpoint}}: a checkpoint loader that cannot fail silently
 #
 # Write `load_checkpoint(model, checkpoint)`. Checkpoints come from the bare model, from
 # `DataParallel`/DDP (every key under `module.`), from `torch.compile` (every key under
@@ -1354,6 +1362,7 @@ from collections import OrderedDict
 
 def load_checkpoint(model, checkpoint):
     ### BEGIN SOLUTION
+    # twin: ptinternals.modules.bug_hunt.load_checkpoint
     def strip(sd, prefix):
         out = OrderedDict((k[len(prefix):] if k.startswith(prefix) else k, v) for k, v in sd.items())
         meta = getattr(sd, "_metadata", None)

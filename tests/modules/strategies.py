@@ -67,13 +67,6 @@ def outcome(fn):
         return ("raised", type(e).__name__, str(e))
 
 
-def same_tensor(a, b) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return a.dtype == b.dtype and a.shape == b.shape and a.requires_grad == b.requires_grad and torch.equal(
-        a.detach(), b.detach())
-
-
 def index_of(nodes) -> dict:
     """``{id(module): node index}`` (a shared module keeps its first index)."""
     out: dict = {}

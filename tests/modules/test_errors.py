@@ -42,7 +42,7 @@ from ptinternals.modules import BatchNorm1d, Dropout, Linear, MiniModule, Module
     (lambda: mini.RemovableHandle(OrderedDict(), extra_dict=3), TypeError, "extra_dict must be an OrderedDict or a list"),
     (lambda: mini.functional_call(MiniModule(), 3), ValueError, "Expected parameter_and_buffer_dicts"),
     (lambda: mini.functional_call(MiniModule(), {}, strict=1), TypeError, "strict must be a bool"),
-    (lambda: mini.functional_call(torch.nn.Linear(1, 1), {}), TypeError, "module must be a MiniModule"),
+    (lambda: mini.functional_call(3, {}), TypeError, "module must be a MiniModule or a torch.nn.Module, got int"),
     (lambda: mini.functional_call(MiniModule(), {3: torch.ones(1)}), TypeError, "keys must be str"),
     (lambda: Linear(-1, 2), ValueError, "in_features must be an int >= 0, got -1"),
     (lambda: Linear(2, 2.5), ValueError, "out_features must be an int >= 0, got 2.5"),

@@ -58,3 +58,36 @@ def test_compose_and_build_errors():
         compose(Traversal, name="a b")
     with pytest.raises(TypeError, match="register must be a bool"):
         build_tree({"dim": 1, "params": [], "buffers": [], "nodes": [{"cls": "A"}]}, MiniModule, register=None)
+
+
+def own_tensors(nodes) -> list:
+    """(node, kind, name, dtype, values) of every slot, read from the dicts (no Traversal needed)."""
+    return [(i, kind, name, None if t is None else (t.dtype, t.tolist()))
+            for i, m in enumerate(nodes) for kind in ("_parameters", "_buffers")
+            for name, t in getattr(m, kind).items()]
+
+
+@given(tree_specs(max_nodes=4))
+def test_each_reference_mixin_alone_is_an_exercise_twin(spec):
+    """The exercises compose ONE student mixin with ModuleState: the reference mixins must work that way too."""
+    ref = build_tree(spec, torch.nn.Module)
+    conv = build_tree(spec, compose(Conversion), register=False)
+    ref[0]._apply(lambda t: t * 2)
+    conv[0]._apply(lambda t: t * 2)
+    assert own_tensors(conv) == own_tensors(ref)
+    ref = build_tree(spec, torch.nn.Module)
+    state = build_tree(spec, compose(StateDict), register=False)
+    ckpt = build_tree(spec, torch.nn.Module, seed=5)[0].state_dict()
+    ref[0].load_state_dict(ckpt, assign=True)
+    state[0].load_state_dict(ckpt, assign=True)
+    assert own_tensors(state) == own_tensors(ref)
+    assert all(type(t) is type(r) for m, n in zip(state, ref) for t, r in zip(m._parameters.values(),
+                                                                             n._parameters.values()))
+
+
+def test_reference_functional_call_works_on_torch_modules():
+    from ptinternals.modules import functional_call
+
+    lin = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    w, x = torch.zeros(2, 2), torch.ones(1, 2)
+    assert torch.equal(functional_call(lin, {"1.weight": w}, (x,)), torch.func.functional_call(lin, {"1.weight": w}, (x,)))

@@ -40,6 +40,15 @@ def _compute_should_use_set_data(tensor: torch.Tensor, tensor_applied: torch.Ten
     return False
 
 
+def _distinct_children(module) -> list:
+    """``module.children()`` written out (each non-None child once), so that Conversion needs no Traversal."""
+    seen: list = []
+    for child in module._modules.values():
+        if child is not None and not any(child is s for s in seen):
+            seen.append(child)
+    return seen
+
+
 class Conversion:
     """Mixin of :class:`MiniModule`: converting every parameter and buffer in place."""
 
@@ -47,7 +56,7 @@ class Conversion:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         if recurse:
-            for module in self.children():
+            for module in _distinct_children(self):  # torch: self.children()
                 module._apply(fn)
 
         use_swap = torch.__future__.get_swap_module_params_on_conversion()

@@ -175,8 +175,8 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
     for name in ("tie_weights", "strict"):
         if not isinstance(locals()[name], bool):
             raise TypeError(f"{name} must be a bool, got {locals()[name]!r}")
-    if not isinstance(module, ModuleBase):
-        raise TypeError(f"module must be a MiniModule, got {type(module).__name__}")
+    if not isinstance(module, (ModuleBase, torch.nn.Module)):  # the same dicts: both work
+        raise TypeError(f"module must be a MiniModule or a torch.nn.Module, got {type(module).__name__}")
     if kwargs is None:
         kwargs = {}
     if args is None:

@@ -121,10 +121,6 @@ class ModuleBase:
             raise KeyError('module name can\'t be empty string ""')
         self._modules[name] = module
 
-    def register_module(self, name: str, module) -> None:
-        """Alias of :meth:`add_module`."""
-        self.add_module(name, module)
-
     # ---- attribute routing --------------------------------------------------------------------------
     def __getattr__(self, name: str):
         # Only called when normal lookup (instance __dict__, then the class) failed.

@@ -144,12 +144,15 @@ class StateDict:
                             new_input = Parameter(new_input, requires_grad=param.requires_grad)
                         torch.utils.swap_tensors(param, new_input)
                     elif assign:
+                        # torch: setattr(self, name, input_param), which __setattr__ files into the same dict
                         if isinstance(param, Parameter):
                             if not isinstance(input_param, Parameter):
                                 input_param = Parameter(input_param, requires_grad=param.requires_grad)
                             else:
                                 input_param.requires_grad_(param.requires_grad)
-                        setattr(self, name, input_param)
+                            self._parameters[name] = input_param
+                        else:
+                            self._buffers[name] = input_param
                     else:
                         param.copy_(input_param)  # in place: the model keeps its tensors, dtype, device
             except Exception as ex:
