@@ -25,8 +25,14 @@
 # **How this notebook works.** Run the cells in order. Each exercise has an *answer cell* (replace
 # `raise NotImplementedError()` with your code) followed by a *check cell*. Only code inside answer
 # cells is graded, in a separate process without the course's reference implementation, on many
-# more cases than the visible ones, against real PyTorch. Your classes must not inherit from
-# `torch.nn.Module` or call its methods (the grader watches for both): the point is to write them.
+# more cases than the visible ones, against real PyTorch. The point is to write the machinery, so
+# the grader also reads your answer cells' source: in the exercises that rebuild `nn.Module`, your
+# classes may not inherit from `torch.nn.Module` (or any layer) or call its methods, and each exercise
+# says what else is torch's own answer to it. In every answer cell: import only `torch`, the
+# scaffold (`ptinternals.modules.scaffold`) and plain standard modules (`collections`, `itertools`,
+# `functools`, `math`, `typing`, `warnings`...); no `eval`/`exec`, no `getattr` with a computed name,
+# no `_private` names of torch, and no assignments into anything you imported. The check cell tells
+# you at once if a line breaks one of these rules.
 # Quiz answers are recorded beside this notebook: **your first answer to each question counts**.
 
 # %% [setup]
@@ -385,12 +391,12 @@ class Traversal:
             yield module
         ### END SOLUTION
 
-    def _named_members(self, table, prefix, recurse, remove_duplicate):
+    def _named_members(self, get_members, prefix, recurse, remove_duplicate):
         ### BEGIN SOLUTION
         seen = set()
         modules = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else [(prefix, self)]
         for module_prefix, module in modules:
-            for name, value in getattr(module, table).items():
+            for name, value in get_members(module):
                 if value is None or value in seen:
                     continue
                 if remove_duplicate:
@@ -400,7 +406,7 @@ class Traversal:
 
     def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
         ### BEGIN SOLUTION
-        yield from self._named_members("_parameters", prefix, recurse, remove_duplicate)
+        yield from self._named_members(lambda m: m._parameters.items(), prefix, recurse, remove_duplicate)
         ### END SOLUTION
 
     def parameters(self, recurse=True):
@@ -411,7 +417,7 @@ class Traversal:
 
     def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
         ### BEGIN SOLUTION
-        yield from self._named_members("_buffers", prefix, recurse, remove_duplicate)
+        yield from self._named_members(lambda m: m._buffers.items(), prefix, recurse, remove_duplicate)
         ### END SOLUTION
 
     def buffers(self, recurse=True):
@@ -487,15 +493,16 @@ finally:
 # * `_apply`: if `recurse`, first call `_apply(fn)` on each child in `self._modules` (skip None slots,
 #   and visit a child registered under two names once, as `children()` does). Then for each non-None
 #   parameter in `self._parameters`: compute `fn(param)` under `torch.no_grad()`; if
-#   `torch._has_compatible_shallow_copy_type(param, new)` and not
+#   `has_compatible_shallow_copy_type(param, new)` (from the scaffold: torch's private
+#   `torch._has_compatible_shallow_copy_type` under a public name) and not
 #   `torch.__future__.get_overwrite_module_params_on_conversion()`, do `param.data = new`, else put
 #   `Parameter(new, param.requires_grad)` into `_parameters`. Then the same for `param.grad` (if not
 #   None) on the parameter that is now in place. Finally replace every non-None buffer by `fn(buf)`.
 #   Return `self`.
-# * `to`: parse the arguments with `torch._C._nn._parse_to(*args, **kwargs)` (it returns
-#   `device, dtype, non_blocking, memory_format`), raise `TypeError` for a dtype that is neither
-#   floating point nor complex, and `_apply` a function that calls
-#   `t.to(device, dtype if t.is_floating_point() or t.is_complex() else None, non_blocking)`.
+# * `to`: parse the arguments with the scaffold's `parse_to(*args, **kwargs)` (torch's
+#   `torch._C._nn._parse_to`; it returns `device, dtype, non_blocking, memory_format`), raise
+#   `TypeError` for a dtype that is neither floating point nor complex, and `_apply` a function that
+#   calls `t.to(device, dtype if t.is_floating_point() or t.is_complex() else None, non_blocking)`.
 #
 # The checker builds random trees, runs a backward (so gradients exist), builds an optimizer, then
 # converts, steps, and compares with torch: dtypes, gradients, which objects are still the same, and
@@ -505,6 +512,8 @@ finally:
 # %% [answer convert]
 import torch
 from torch.nn import Parameter
+
+from ptinternals.modules.scaffold import has_compatible_shallow_copy_type, parse_to
 
 
 class Conversion:
@@ -519,7 +528,7 @@ class Conversion:
                     module._apply(fn)
 
         def keep_object(old, new):
-            return (torch._has_compatible_shallow_copy_type(old, new)
+            return (has_compatible_shallow_copy_type(old, new)
                     and not torch.__future__.get_overwrite_module_params_on_conversion())
 
         for key, param in self._parameters.items():
@@ -549,7 +558,7 @@ class Conversion:
 
     def to(self, *args, **kwargs):
         ### BEGIN SOLUTION
-        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        device, dtype, non_blocking, _ = parse_to(*args, **kwargs)
         if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
             raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, but got desired dtype={dtype}")
 
@@ -1158,7 +1167,7 @@ show_quiz("modules", "q8")
 # `model(*args)` (hooks included), and puts the originals back in a `finally`. The result is a
 # function of (parameters, inputs) with no hidden state, which is what the function transforms need:
 # `torch.func.grad` differentiates with respect to the dict, `vmap` maps over a batch of inputs or
-# of parameter sets (ensembles), and `torch.compile` ({{chapter compile}}) traces modules the same
+# of parameter sets (ensembles), and `torch.compile` (its own chapter, after Triton) traces modules the same
 # way, lifting parameters to graph inputs. Per-example gradients in three lines:
 
 # %%
@@ -1195,14 +1204,16 @@ print("the module's own weight is back:", lin.weight is lin._parameters["weight"
 # * with `strict`: `RuntimeError` listing `Unexpected key(s): 'a', 'b'.` and `Missing key(s): ...`
 #   (names sorted, compared with every parameter and buffer name, duplicates included);
 # * for each name, resolve the dotted path through `_modules`, swap the value into `_parameters` or
-#   `_buffers` (or set a plain attribute when the name is neither), remember the original;
+#   `_buffers` (a name that is neither is a plain attribute for the call: write it into the owner's
+#   `__dict__`, and remove it afterwards), remember the original;
 # * call `module(*args, **kwargs)`; restore every original in a `finally`, **in reverse order**. Two
 #   names can reach one slot (a module registered twice, as in `nn.Sequential(lin, lin)`, plus
 #   `tie_weights`): the second swap then saves your tensor as the "original", and restoring in the
 #   order of the swaps would leave it in the model. torch 2.13 has exactly this bug
 #   (pytorch/pytorch#164759); the checker expects the model restored.
 #
-# `torch.func.functional_call` and `torch.nn.utils.stateless` are not available in this exercise.
+# Leave the dict you are given as it was. `torch.func.functional_call`, `torch.nn.utils.stateless` and
+# `load_state_dict` are not allowed in this exercise (the grader reads your answer cell's source).
 # The checker compares with `torch.func.functional_call`: outputs, errors, the gradients that reach
 # the tensors you passed, and that every original tensor object is back in place afterwards.
 
@@ -1250,12 +1261,12 @@ def functional_call(module, parameters_and_buffers, args=(), kwargs=None, *, tie
                 else:
                     table[leaf] = value
                 return old
-        old = getattr(owner, leaf, absent)
+        plain = owner.__dict__  # any other name: a plain attribute for the call (torch: setattr/delattr)
+        old = plain.get(leaf, absent)
         if value is absent:
-            if hasattr(owner, leaf):
-                delattr(owner, leaf)
+            plain.pop(leaf, None)
         else:
-            setattr(owner, leaf, value)
+            plain[leaf] = value
         return old
 
     originals = {}
@@ -1354,7 +1365,7 @@ check("modules.fix_model", FixedNet, hidden=True)
 # `""` is dropped and `"module"` becomes `""`). Load the candidate with the most keys matching
 # `model.state_dict()`'s keys (the least stripped on a tie: a child may really be called `module`)
 # with `strict=True`, and return what `load_state_dict` returns. Do not modify `checkpoint`.
-# `torch.nn.modules.utils.consume_prefix_in_state_dict_if_present` is not available in this exercise.
+# `torch.nn.modules.utils.consume_prefix_in_state_dict_if_present` is not allowed in this exercise.
 
 # %% [answer load_checkpoint]
 from collections import OrderedDict

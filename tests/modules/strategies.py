@@ -8,50 +8,9 @@ under two names, empty modules, and child names "0", "1" (as containers use).
 from __future__ import annotations
 
 import torch
-from hypothesis import strategies as st
 
+from ptinternals.checks.modules import tree_specs  # noqa: F401 (the checkers' strategy: one source of trees)
 from ptinternals.modules import MiniModule, build_tree
-
-NAMES = ["weight", "bias", "scale", "proj", "gamma", "mean", "steps", "cache", "0", "1", "w", "b", "layers", "head"]
-
-
-@st.composite
-def tree_specs(draw, max_nodes: int = 5, max_params: int = 5, max_buffers: int = 3, dims=(0, 1, 2, 3)):
-    dim = draw(st.sampled_from(dims))
-    params = [{"shape": draw(st.sampled_from([[dim, dim], [dim], []])), "requires_grad": draw(st.booleans())}
-              for _ in range(draw(st.integers(0, max_params)))]
-    buffers = [{"shape": draw(st.sampled_from([[dim], []])), "dtype": draw(st.sampled_from(["float32", "int64"]))}
-               for _ in range(draw(st.integers(0, max_buffers)))]
-    n_nodes = draw(st.integers(1, max_nodes))
-    entries = [{"params": [], "buffers": [], "children": []} for _ in range(n_nodes)]
-    # every node below the root hangs from an earlier one: the tree is connected
-    for n in range(1, n_nodes):
-        entries[draw(st.integers(0, n - 1))]["children"].append(n)
-    for _ in range(draw(st.integers(0, 2))):  # extra edges: a shared module instance
-        if n_nodes >= 2:
-            child = draw(st.integers(1, n_nodes - 1))
-            entries[draw(st.integers(0, child - 1))]["children"].append(child)
-    for i in range(len(params)):  # each parameter lives somewhere, sometimes twice (tied)
-        for _ in range(draw(st.sampled_from([1, 1, 1, 2]))):
-            entries[draw(st.integers(0, n_nodes - 1))]["params"].append(i)
-    for i in range(len(buffers)):
-        entries[draw(st.integers(0, n_nodes - 1))]["buffers"].append((i, draw(st.booleans())))
-    for _ in range(draw(st.integers(0, 2))):  # None slots
-        kind = draw(st.sampled_from(["params", "buffers", "children"]))
-        entries[draw(st.integers(0, n_nodes - 1))][kind].append(None if kind != "buffers" else (None, True))
-    nodes = []
-    for n, e in enumerate(entries):
-        count = len(e["params"]) + len(e["buffers"]) + len(e["children"])
-        names = draw(st.permutations(NAMES + [f"m{k}" for k in range(count)]))[:count]
-        names = list(names)
-        node = {"cls": draw(st.sampled_from(["Block", "Layer", "Net"])) if n else "Root",
-                "params": [[names.pop(), i] for i in e["params"]],
-                "buffers": [[names.pop(), i, p] for i, p in e["buffers"]],
-                "children": [[names.pop(), c] for c in e["children"]]}
-        for kind in ("params", "buffers", "children"):  # registration order is part of the contract
-            node[kind] = draw(st.permutations(node[kind]))
-        nodes.append(node)
-    return {"dim": dim, "params": params, "buffers": buffers, "nodes": nodes}
 
 
 def both(spec: dict, seed: int = 0, dtype=torch.float32):

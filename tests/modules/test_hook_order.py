@@ -6,30 +6,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ptinternals.checks.modules import chain_trees
 from ptinternals.modules import MiniModule, build_tree
 from ptinternals.modules.hook_order import chain_tree_to_spec, predict_hook_order
 from ptinternals.viz.modules import trace_hook_calls
-
-
-@st.composite
-def chain_trees(draw, max_modules: int = 7):
-    budget = [draw(st.integers(1, max_modules))]
-    defined: list[str] = []
-
-    def make(path: str, ancestors: frozenset):
-        defined.append(path)
-        node = {"name": path.rpartition(".")[2] or "net",
-                "param": draw(st.sampled_from(["trainable", "frozen", None])), "children": []}
-        for k in range(draw(st.integers(0, 3))):
-            candidates = [d for d in defined if d not in ancestors | {path}]
-            if candidates and draw(st.integers(0, 4)) == 0:
-                node["children"].append({"same_as": draw(st.sampled_from(candidates))})
-            elif budget[0] > 1:
-                budget[0] -= 1
-                node["children"].append(make((path + "." if path else "") + f"c{k}", ancestors | {path}))
-        return node
-
-    return make("", frozenset())
 
 
 def torch_events(tree, input_requires_grad: bool, base=torch.nn.Module):

@@ -23,7 +23,8 @@ from collections import OrderedDict
 
 from .trees import build_tree, example_spec
 
-__all__ = ["ModuleState", "compose", "build_tree", "example_spec", "BrokenNet"]
+__all__ = ["ModuleState", "compose", "build_tree", "example_spec", "parse_to", "has_compatible_shallow_copy_type",
+           "BrokenNet"]
 
 
 class ModuleState:
@@ -72,10 +73,25 @@ def compose(*mixins: type, name: str = "StudentModule") -> type:
     return type(name, (*mixins, ModuleState), namespace)
 
 
-# ---- the bug hunt: a model with three classic module bugs (the notebook asks for a fixed version) ----
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+
+# ---- two private torch helpers that Module._apply and Module.to call, under public names ----
+def parse_to(*args, **kwargs) -> tuple:
+    """``(device, dtype, non_blocking, memory_format)`` from the arguments of ``Module.to(...)``, parsed as
+    ``Module.to`` parses them (``torch._C._nn._parse_to``): ``to(dtype)``, ``to(device, dtype)``,
+    ``to(tensor)``, ``to(dtype=..., non_blocking=...)``."""
+    return torch._C._nn._parse_to(*args, **kwargs)
+
+
+def has_compatible_shallow_copy_type(tensor: torch.Tensor, new: torch.Tensor) -> bool:
+    """Whether ``tensor.data = new`` is possible (``torch._has_compatible_shallow_copy_type``): both tensors
+    have the same kind of implementation (dense CPU/CUDA tensors: yes; a dense and a sparse one: no)."""
+    return torch._has_compatible_shallow_copy_type(tensor, new)
+
+
+# ---- the bug hunt: a model with three classic module bugs (the notebook asks for a fixed version) ----
 
 class BrokenNet(nn.Module):
     """A tiny causal sequence mixer, ``x (B, T, D) -> (B, T, D)``, whose arithmetic is right.
