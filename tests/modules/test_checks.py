@@ -80,6 +80,20 @@ def problem(exercise: str, code: str, others: dict | None = None):
     return EX[exercise].source_problem(sources, own_cell=EX[exercise].answer_cell)
 
 
+def test_feedback_knows_the_setup_cells_imports():
+    """Instant feedback sees only the answer's own cell: it assumes the setup cell's imports, as written."""
+    from ptinternals.checks.modules import SETUP_IMPORTS, _analyse
+
+    def graded(source):
+        return {k: v for k, v in _analyse(source, ()).aliases.items() if not v.startswith(("ptinternals.grading",
+                                                                                             "ptinternals.quiz",
+                                                                                             "ptinternals.viz"))}
+
+    assert graded(SETUP) == graded(SETUP_IMPORTS)
+    message = EX["register"].source_problem({"<cell>": "class Registration(nn.Module):\n    pass\n"})
+    assert message and "torch.nn.Module" in message and "your answer cell" in message
+
+
 def test_every_solution_cell_passes_the_policy():
     sources = answer_sources("modules")
     for ex in M.EXERCISES:
@@ -105,6 +119,7 @@ CHEATS = [
     ("register", "import torch\ntorch.Tensor.tolist = lambda self: []\nclass Registration:\n    pass\n",
      "monkeypatching"),
     ("register", "import typing\nRegistration = typing.get_type_hints\n", "get_type_hints"),
+    ("register", "from typing import get_type_hints\nclass Registration:\n    pass\n", "get_type_hints"),
     ("traverse", "import torch\nclass Traversal:\n    named_modules = torch.nn.Module.named_modules\n", "torch.nn.Module"),
     ("convert", "import torch\nclass Conversion:\n    def to(self, *a):\n        return torch.nn.Module.to(self, *a)\n",
      "torch.nn.Module"),

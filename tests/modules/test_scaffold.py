@@ -91,3 +91,16 @@ def test_reference_functional_call_works_on_torch_modules():
     lin = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     w, x = torch.zeros(2, 2), torch.ones(1, 2)
     assert torch.equal(functional_call(lin, {"1.weight": w}, (x,)), torch.func.functional_call(lin, {"1.weight": w}, (x,)))
+
+
+def test_public_names_for_torch_privates():
+    from ptinternals.modules.scaffold import has_compatible_shallow_copy_type, parse_to
+
+    assert parse_to(torch.float64) == (None, torch.float64, False, None)
+    assert parse_to("cpu", dtype=torch.float16, non_blocking=True)[:3] == (torch.device("cpu"), torch.float16, True)
+    assert has_compatible_shallow_copy_type(torch.ones(2), torch.ones(3, dtype=torch.float64))
+    assert not has_compatible_shallow_copy_type(torch.ones(2), torch.ones(2).to_sparse())
+    with pytest.raises(TypeError, match="new must be a torch.Tensor, got int"):
+        has_compatible_shallow_copy_type(torch.ones(1), 3)
+    with pytest.raises(RuntimeError, match="nonsense"):
+        parse_to("nonsense")

@@ -231,6 +231,16 @@ BANNED_ATTRIBUTES = {
 CHAPTER_DENIED_MODULES = ("torch.overrides", "torch.library", "torch.utils._python_dispatch", "torch._C")
 
 
+SETUP_IMPORTS = """import warnings
+from collections import OrderedDict
+
+import torch
+import torch.nn as nn
+
+from ptinternals.modules.scaffold import BrokenNet, ModuleState, build_tree, example_spec
+"""  # the graded imports of the notebook's setup cell (tests/modules/test_checks.py keeps them equal)
+
+
 def _allowed_module(name: str) -> bool:
     return any(name == a or (name.startswith(a + ".") and a != SCAFFOLD) for a in ALLOWED_IMPORTS)
 
@@ -320,6 +330,8 @@ class _Cell:
                                     f"{', '.join(ALLOWED_IMPORTS)}")
             if _private(a.name) or any(_private(p) for p in module.split(".")):
                 self._problem(node, f"`from {module} import {a.name}`: a private name")
+            if a.name in BANNED_ATTRIBUTES or a.name in HIDING_NAMES | LITERAL_ONLY:
+                self._problem(node, f"`from {module} import {a.name}`: `{a.name}` is not allowed in graded answers")
             self.aliases[a.asname or a.name] = full
             self.reached.append((node.lineno, full, False))
 
@@ -507,8 +519,10 @@ class SourcePolicy:
         """The message for what breaks the rules in ``sources`` (``{cell id: source}``; "setup" is the course's
         locked cell), or None. ``own_cell``: the exercise's answer cell when ``sources`` is the whole notebook
         (the grade); None when ``sources`` is only the cell that defined the entry (instant feedback)."""
-        setup = _analyse(sources.get("setup", ""), ())
-        # the setup cell's imports from modules the sandbox does not ship (quiz, figures) do not exist there
+        # The names the setup cell imports, which answer cells use without importing them (for instant
+        # feedback, where only the answer's own cell is known: the chapter's setup cell as written).
+        setup = _analyse(sources.get("setup", SETUP_IMPORTS), ())
+        # ...except its imports from modules the sandbox does not ship (quiz, figures): they do not exist there
         aliases = tuple(sorted((k, v) for k, v in setup.aliases.items()
                                if _allowed_module(v.split(".")[0]) or v.startswith(SCAFFOLD)))
         cells = {cid: _analyse(src, aliases) for cid, src in sources.items() if cid != "setup"}
@@ -664,12 +678,18 @@ class Register(ModulesExercise):
                         ("setattr", "w", "parameter", True), ("delattr", "w", "none", True), ("delattr", "w", "none", True)]),
             self._case([("setattr", "b", "buffer_np", True), ("setattr", "b", "tensor", True), ("setattr", "b", "none", True),
                         ("register_buffer", "b", "tensor", True), ("delattr", "b", "none", True)]),
+            self._case([("setattr", "b", "buffer_np", True), ("setattr", "b", "parameter", True), ("delattr", "b", "none", True),
+                        ("setattr", "b", "buffer_np", True), ("setattr", "b", "module", True), ("getattr", "b", "none", True)]),
+            self._case([("setattr", "child", "tensor", True), ("setattr", "child", "module", True),
+                        ("getattr", "child", "none", True), ("add_module", "w", "module", True), ("delattr", "w", "none", True),
+                        ("getattr", "w", "none", True)]),
             self._case([("setattr", "training", "parameter", True), ("getattr", "training", "none", True),
                         ("add_module", "forward", "module", True), ("register_parameter", "", "parameter", True),
                         ("register_buffer", "running", "int", True), ("add_module", "a.b", "module", True)]),
         ]
-        ops = st.tuples(st.sampled_from(WHATS), st.sampled_from(OP_NAMES), st.sampled_from(VALUE_KINDS), st.booleans())
-        return fixed + [self._case(seq) for seq in draw(st.lists(ops, min_size=1, max_size=12), 50)]
+        names = st.sampled_from(["w", "w", "b", "b", "child", "child", *OP_NAMES])  # names that meet again, mostly
+        ops = st.tuples(st.sampled_from(WHATS), names, st.sampled_from(VALUE_KINDS), st.booleans())
+        return fixed + [self._case(seq) for seq in draw(st.lists(ops, min_size=1, max_size=12), 60)]
 
     def expected(self, case):
         return P.register_run(torch.nn.Module, list(case.args[0]), case.kwargs.get("early"))
@@ -1054,6 +1074,8 @@ class Call(ModulesExercise):
                 "always_call": "forward raises; hooks with and without always_call",
                 "always_call_failing_hook": "forward raises and an always_call hook raises too",
                 "kwargs": "a with_kwargs pre-hook rewrites kwargs; hooks with and without kwargs",
+                "two_inputs": "forward(x, y), y needing no grad, two outputs: what forward and backward hooks see",
+                "hook_raises": "a forward hook raises after an always_call hook ran",
                 "bad_returns": "hooks returning the wrong shape of result"}[scenario]
         return Case((spec, scenario), {"plan": plan, "x_requires_grad": x_requires_grad, "grad_mode": grad_mode,
                                        "remove": list(remove)}, label=(label + ": " if label else "") + text)
@@ -1075,7 +1097,9 @@ class Call(ModulesExercise):
                              for i, k in enumerate(HOOK_KINDS)], x_requires_grad=i % 2 == 0, label=label)
                for i, (label, spec) in enumerate(boundary_specs())]
         example = example_spec()
-        out += [c(example, "always_call_failing_hook"), c(example, "bad_returns"),
+        prepends = [(0, kind, prepend, False) for kind in HOOK_KINDS for prepend in (False, True, False, True)]
+        out += [c(example, "always_call_failing_hook"), c(example, "bad_returns"), c(example, "two_inputs"),
+                c(example, "hook_raises"), c(example, plan=prepends, label="four hooks of each kind, two prepended"),
                 c(example, plan=[(0, "fpre", False, True), (0, "fhook", False, True), (0, "bhook", False, True)],
                   grad_mode=False, label="under torch.no_grad()"),
                 c(example, plan=[(1, "fhook", False, True), (1, "fhook", True, True), (1, "bhook", False, False)],
@@ -1120,6 +1144,11 @@ class Call(ModulesExercise):
                    "the original exception propagates"
         if scenario == "kwargs":
             return "hooks registered with_kwargs=True get kwargs too, and such a pre-hook may return (args, kwargs)"
+        if scenario == "hook_raises":
+            return "when a forward hook raises, only the always_call hooks that have not run yet are run"
+        if scenario == "two_inputs":
+            return "the identity Function must mark the tensors that need no grad non-differentiable, and backward " \
+                   "hooks receive tuples with one entry per tensor input/output (None where no gradient flows)"
         if scenario == "bad_returns":
             return "a hook's return of the wrong shape is a RuntimeError (a with_kwargs pre-hook must return a " \
                    "2-tuple; backward hooks one gradient per input/output)"
@@ -1254,7 +1283,9 @@ class HookOrder(ModulesExercise):
                 if got[i + 1:i + 2] != [("bwd", path)]:
                     return "when no input of a module requires grad, its full backward hooks fire right after its " \
                            "backward pre-hooks (from the output's node), before its children's"
-        return "backward runs the calls in reverse: the last module called gets its gradient first"
+        if sorted(map(str, got)) == sorted(map(str, expected)):
+            return "backward runs the calls in reverse: the last module called gets its gradient first"
+        return None
 
 
 # ================================================================================================
@@ -1287,12 +1318,12 @@ class FunctionalCall(ModulesExercise):
         what="this exercise asks you to write functional_call (torch.func and torch.nn.utils.stateless do it for you)",
         deny_modules=("torch.func", "torch._functorch", "torch.nn.utils.stateless",
                       "torch.nn.utils._named_member_accessor", "torch.nn.utils.parametrize"),
-        deny_attributes=("load_state_dict", "functional_call", "_reparametrize_module", "swap_tensor",
-                         "NamedMemberAccessor"))
+        deny_attributes=("load_state_dict", "_load_from_state_dict", "functional_call", "_reparametrize_module",
+                         "swap_tensor", "NamedMemberAccessor"))
 
     def _case(self, spec, names, tie_weights=True, strict=False, scenario="plain", label=""):
         text = f"{{{', '.join(names)}}} given, tie_weights={tie_weights}, strict={strict}" + \
-               (", forward raises" if scenario == "raises" else "") + f": {tree_text(spec)}"
+               {"raises": ", forward raises", "bare_args": ", args a bare tensor"}.get(scenario, "") + f": {tree_text(spec)}"
         return Case((spec, list(names)), {"tie_weights": tie_weights, "strict": strict, "scenario": scenario},
                     label=(label + ": " if label else "") + text)
 
@@ -1311,10 +1342,13 @@ class FunctionalCall(ModulesExercise):
         out = []
         for label, spec in boundary_specs():
             names, _ = tensor_names(spec)
-            for tie, strict, pick in ((True, False, names[:1] + ["not_a_name"]), (True, True, names),
-                                      (False, False, names[::2]), (True, False, names[-1:])):
+            for tie, strict, pick, scenario in ((True, False, names[:1] + ["not_a_name"], "plain"),
+                                                (True, True, names, "plain"), (False, False, names[::2], "bare_args"),
+                                                (True, False, names[-1:], "plain"),
+                                                (False, True, names + ["not_a_name"], "plain"),
+                                                (True, True, names[1:] + ["not_a_name"], "plain")):
                 if not torch_trips_on(spec, pick, tie):
-                    out.append(self._case(spec, pick, tie, strict, label=label))
+                    out.append(self._case(spec, pick, tie, strict, scenario, label=label))
 
         def case(d):
             spec = d(tree_specs())
@@ -1344,7 +1378,8 @@ class FunctionalCall(ModulesExercise):
         if not isinstance(got, dict):
             return f"the probe returned {describe(got)}"
         what = {"outcome": "the call's outcome", "type": "the exception", "lines": "the strict error's lines",
-                "y": "the output", "grads": "the gradients of output.sum() reaching the tensors you were given",
+                "y": "the output", "during_call": "during the call (a forward pre-hook looks): [name, the slot holds "
+                "the tensor given for it]", "grads": "the gradients of output.sum() reaching the tensors you were given",
                 "restored": "slots not restored afterwards (node.kind.name)", "input_unchanged":
                 "the dict you were given is left as it was"}
         for key, want in expected.items():

@@ -88,6 +88,9 @@ def parse_to(*args, **kwargs) -> tuple:
 def has_compatible_shallow_copy_type(tensor: torch.Tensor, new: torch.Tensor) -> bool:
     """Whether ``tensor.data = new`` is possible (``torch._has_compatible_shallow_copy_type``): both tensors
     have the same kind of implementation (dense CPU/CUDA tensors: yes; a dense and a sparse one: no)."""
+    for name, value in (("tensor", tensor), ("new", new)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return torch._has_compatible_shallow_copy_type(tensor, new)
 
 

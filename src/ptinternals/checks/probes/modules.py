@@ -458,6 +458,32 @@ def call_special(base: type, scenario: str) -> dict:
         m.register_forward_hook(lambda mod, args, o: events.append(["plain", len(args)]))
         y = m(torch.ones(2), factor=2.0)
         return {"y": y.tolist(), "events": events}
+    if scenario == "two_inputs":  # a tensor input that needs no grad; tuple outputs; what backward hooks receive
+        class Pair(base):
+            def forward(self, x, y):
+                events.append(["forward: y.requires_grad", y.requires_grad])
+                return x * 2 + y, x.sum()
+
+        m = Pair()
+        m.register_full_backward_pre_hook(lambda mod, go: events.append(["bpre", type(go).__name__,
+                                                                         [g is None for g in go]]))
+        m.register_full_backward_hook(lambda mod, gi, go: events.append(["bhook", type(gi).__name__,
+                                                                         [g is None for g in gi], type(go).__name__]))
+        x, y = torch.ones(2, requires_grad=True), torch.ones(2)
+        a, b = m(x, y)
+        (a.sum() + b).backward()
+        return {"events": events, "x_grad": x.grad.tolist()}
+    if scenario == "hook_raises":  # an always_call hook that already ran is not run again
+        m = type("Twice", (base,), {"forward": lambda self, x: x * 2})()
+        m.register_forward_hook(lambda mod, a, out: events.append(["always A", out is None]), always_call=True)
+
+        def bad(mod, a, out):
+            events.append(["raises"])
+            raise ValueError("hook failed")
+
+        m.register_forward_hook(bad)
+        m.register_forward_hook(lambda mod, a, out: events.append(["always B", out is None]), always_call=True)
+        return {"outcome": outcome(lambda: m(torch.ones(1))), "events": events}
     # bad hook returns: a 3-tuple from a with_kwargs pre-hook, wrong numbers of gradients from backward hooks
     cls = type("Twice", (base,), {"forward": lambda self, x: x * 2})
     a, b, c = cls(), cls(), cls()
@@ -544,11 +570,26 @@ def functional_call_run(fn, spec: dict, names: list, tie_weights: bool, strict: 
     passed = dict(new)
     before = slots(nodes)
     before_values = [values(t) for *_, t in before]
+    before_attributes = [set(vars(m)) for m in nodes]
+    during: list = []
+
+    def in_place(module, args):  # during the call, does each given name hold the tensor given for it?
+        for name, t in new.items():
+            owner = root
+            *path, leaf = name.split(".")
+            for part in path:
+                owner = owner._modules.get(part) if owner is not None else None
+            held = None if owner is None else next(
+                (table[leaf] for table in (owner._parameters, owner._buffers, owner.__dict__) if leaf in table), None)
+            during.append([name, held is t])
+
+    hook = root.register_forward_pre_hook(in_place)
     dim = spec["dim"]
     x = torch.linspace(-1, 1, 2 * dim).reshape(2, dim)
+    args = x if scenario == "bare_args" else (x,)
     with _functional_banned() if fn is not torch.func.functional_call else contextlib.nullcontext():
         try:
-            y = fn(root, passed, (x,), tie_weights=tie_weights, strict=strict)
+            y = fn(root, passed, args, tie_weights=tie_weights, strict=strict)
             report = {"outcome": "ok", "y": values(y)}
         except NotImplementedError:
             raise
@@ -557,6 +598,8 @@ def functional_call_run(fn, spec: dict, names: list, tie_weights: bool, strict: 
                       "lines": [line.strip() for line in str(e).splitlines()
                                 if line.strip().startswith(("Missing key(s)", "Unexpected key(s)"))]}
             y = None
+    hook.remove()
+    report["during_call"] = during
     if y is not None and isinstance(y, torch.Tensor) and y.requires_grad:
         y.sum().backward()
     report["grads"] = [[n, None if t.grad is None else t.grad.tolist()] for n, t in new.items()] if y is not None else []
@@ -565,6 +608,8 @@ def functional_call_run(fn, spec: dict, names: list, tie_weights: bool, strict: 
                           if now is not old] + [f"{i}.{kind}.{name} (values)" for (i, kind, name, _), v, (*_, now)
                                                 in zip(before, before_values, after)
                                                 if kind == "param" and values(now) != v]  # counters may count
+    report["restored"] += [f"{i}.attribute.{name}" for i, (m, had) in enumerate(zip(nodes, before_attributes))
+                           for name in sorted(set(vars(m)) - had)]
     report["input_unchanged"] = list(passed) == list(new) and all(passed[k] is new[k] for k in new)
     return report
 
