@@ -4,10 +4,12 @@ Each bug is the solution's answer cell with one edit (``edited``): a mistake peo
 this machinery themselves, and most of them the silent module bugs the chapter is about (a plain tensor
 becoming a buffer, identity lost in ``.to()``, ``strict=False`` reporting nothing, hooks skipped, a
 checkpoint that loads without its ``_metadata``). ``expect``: words the failure message must contain (the
-likely cause the checker gives).
+likely cause the checker gives, in its "likely cause" line).
 """
 
 from ptinternals.grading.testing import edited
+
+TESTS_OF_TESTS = {"hints", "twins", "boundaries"}
 
 BUGGY = {
     "modules.register": {

@@ -143,6 +143,64 @@ def tree_text(spec: dict) -> str:
     return f"D={spec['dim']}; {', '.join(tensors) or 'no tensors'} | {node_text(0)}"
 
 
+def _uses(spec: dict) -> list[tuple[int, str, int | None]]:
+    """``(node, kind, index)`` of every slot of the tree (kind "p", "b" or "c")."""
+    return [(n, kind[0], entry[1]) for n, node in enumerate(spec["nodes"])
+            for kind in ("params", "buffers", "children") for entry in node.get(kind, [])]
+
+
+def tied_across(spec) -> bool:
+    nodes_of: dict = {}
+    for n, kind, i in _uses(spec):
+        if kind == "p" and i is not None:
+            nodes_of.setdefault(i, []).append(n)
+    return any(len(set(ns)) > 1 for ns in nodes_of.values())
+
+
+def tied_within(spec) -> bool:
+    return any(len([i for _, i in node.get("params", []) if i is not None]) >
+               len({i for _, i in node.get("params", []) if i is not None}) for node in spec["nodes"])
+
+
+def shared_module(spec) -> bool:
+    children = [i for _, kind, i in _uses(spec) if kind == "c" and i is not None]
+    return len(children) > len(set(children))
+
+
+def frozen_used(spec) -> bool:
+    return any(kind == "p" and i is not None and not spec["params"][i]["requires_grad"] for _, kind, i in _uses(spec))
+
+
+def none_slot(spec) -> bool:
+    return any(i is None for _, _, i in _uses(spec))
+
+
+def non_persistent(spec) -> bool:
+    return any(not entry[2] for node in spec["nodes"] for entry in node.get("buffers", []) if entry[1] is not None)
+
+
+def int_buffer(spec) -> bool:
+    return any(kind == "b" and i is not None and spec["buffers"][i]["dtype"] == "int64" for _, kind, i in _uses(spec))
+
+
+def empty_module(spec) -> bool:
+    return any(not (node.get("params") or node.get("buffers") or node.get("children")) for node in spec["nodes"])
+
+
+TREE_CLASSES = {
+    "size-0 tensors (D = 0)": lambda c, e: c.args[0]["dim"] == 0,
+    "size-1 tensors (D = 1)": lambda c, e: c.args[0]["dim"] == 1,
+    "a parameter tied between two modules": lambda c, e: tied_across(c.args[0]),
+    "one parameter twice in one module": lambda c, e: tied_within(c.args[0]),
+    "a module shared under two names": lambda c, e: shared_module(c.args[0]),
+    "a frozen parameter": lambda c, e: frozen_used(c.args[0]),
+    "a None slot": lambda c, e: none_slot(c.args[0]),
+    "a non-persistent buffer": lambda c, e: non_persistent(c.args[0]),
+    "an int64 buffer": lambda c, e: int_buffer(c.args[0]),
+    "an empty module": lambda c, e: empty_module(c.args[0]),
+}
+
+
 # ================================================================================================
 # Comparing plain data, with the path of the first difference
 # ================================================================================================
@@ -652,6 +710,17 @@ class Register(ModulesExercise):
         kwargs = {"early": early} if early else {}
         return Case((ops,), kwargs, label=(label + ": " if label else "") + ops_label(ops, early))
 
+    boundary_classes = {
+        "a plain tensor assigned": lambda c, e: any(op[0] == "setattr" and op[2] == "tensor" for op in c.args[0]),
+        "None over a parameter": lambda c, e: any(op[:3] == ("setattr", "w", "none") for op in c.args[0]) and any(
+            op[0] == "setattr" and op[1] == "w" and op[2] in ("parameter", "frozen") for op in c.args[0]),
+        "a dotted or empty name (bad input that must raise)": lambda c, e: any(op[1] in ("a.b", "") for op in c.args[0]),
+        "a non-persistent buffer": lambda c, e: any(op[2] == "buffer_np" for op in c.args[0]),
+        "a module assigned before __init__": lambda c, e: c.kwargs.get("early") == "module",
+        "a deleted name read again": lambda c, e: any(a[0] == "delattr" and b[0] == "getattr" and a[1] == b[1]
+                                                     for a, b in zip(c.args[0], c.args[0][1:])),
+    }
+
     def visible_cases(self):
         c = self._case
         return [
@@ -755,6 +824,11 @@ class Traverse(ModulesExercise):
     probe = f"{PROBES}:traverse_probe"
     policy = mixin_policy("the traversals")
 
+    boundary_classes = {**TREE_CLASSES,
+                        "a dotted prefix": lambda c, e: "." in c.kwargs.get("prefix", ""),
+                        "remove_duplicate=False": lambda c, e: c.kwargs.get("remove_duplicate") is False,
+                        "recurse=False": lambda c, e: c.kwargs.get("recurse") is False}
+
     def visible_cases(self):
         bounds = dict(boundary_specs())
         example = example_spec()
@@ -826,6 +900,13 @@ class Convert(ModulesExercise):
     title = "conversion: _apply and to keep parameters' identity"
     probe = f"{PROBES}:convert_probe"
     policy = mixin_policy("_apply and to")
+
+    boundary_classes = {**TREE_CLASSES,
+                        "the overwrite flag": lambda c, e: c.kwargs.get("overwrite") is True,
+                        "a non-idempotent _apply": lambda c, e: c.args[1] == "apply_times_2",
+                        "recurse=False": lambda c, e: c.args[1] == "apply_float64_no_recurse",
+                        "an integer dtype (bad input that must raise)": lambda c, e: e["outcome"][0] == "raised",
+                        "a dtype with 8 exponent bits and 7 mantissa bits (bfloat16)": lambda c, e: "bfloat16" in c.args[1]}
 
     def visible_cases(self):
         example = example_spec()
@@ -953,6 +1034,21 @@ class StateDictExercise(ModulesExercise):
         return Case((spec, items, metadata), {"strict": strict, "assign": assign},
                     label=(label + "; " if label else "") + text)
 
+    boundary_classes = {**TREE_CLASSES,
+                        "strict=False with missing keys": lambda c, e: not c.kwargs["strict"] and e["load"][0] == "ok"
+                        and bool(e["load"][1]),
+                        "assign=True": lambda c, e: c.kwargs["assign"],
+                        "a shape mismatch": lambda c, e: any("size mismatch" in x for x in e["load"][2])
+                        if e["load"][0] == "raised" else False,
+                        "a value that is not a tensor": lambda c, e: any(not isinstance(v, torch.Tensor)
+                                                                         for _, v in c.args[1]),
+                        "a 0-dim tensor saved as shape (1,)": lambda c, e: any(
+                            isinstance(v, torch.Tensor) and v.shape == (1,) for _, v in c.args[1]),
+                        "a checkpoint without _metadata": lambda c, e: c.args[2] is None,
+                        "a float64 value for a float32 tensor": lambda c, e: any(
+                            isinstance(v, torch.Tensor) and v.dtype == torch.float64 for _, v in c.args[1]),
+                        "the checkpoint checked after the call": lambda c, e: e["input_unchanged"] is True}
+
     def visible_cases(self):
         example, c = example_spec(), self._case
         return [c(example, [], [], label="a clean checkpoint"),
@@ -1079,6 +1175,17 @@ class Call(ModulesExercise):
                 "bad_returns": "hooks returning the wrong shape of result"}[scenario]
         return Case((spec, scenario), {"plan": plan, "x_requires_grad": x_requires_grad, "grad_mode": grad_mode,
                                        "remove": list(remove)}, label=(label + ": " if label else "") + text)
+
+    boundary_classes = {**TREE_CLASSES,
+                        "an input that needs no grad": lambda c, e: not c.kwargs["x_requires_grad"],
+                        "torch.no_grad()": lambda c, e: not c.kwargs["grad_mode"],
+                        "forward raises (always_call)": lambda c, e: c.args[1] == "always_call_failing_hook",
+                        "hook returns of the wrong shape (bad input that must raise)": lambda c, e:
+                            c.args[1] == "bad_returns",
+                        "prepend on every kind": lambda c, e: {h[1] for h in c.kwargs["plan"] if h[2]} >= set(HOOK_KINDS),
+                        "a removed hook": lambda c, e: bool(c.kwargs["remove"]),
+                        "a tensor input that needs no grad next to one that does": lambda c, e:
+                            c.args[1] == "two_inputs"}
 
     def visible_cases(self):
         c, example = self._case, example_spec()
@@ -1229,6 +1336,15 @@ class HookOrder(ModulesExercise):
     forbid = ("torch", "numpy")
     policy = SourcePolicy(what="predict the order without running anything", no_torch=True)
 
+    boundary_classes = {
+        "a root only": lambda c, e: not c.args[0].get("children"),
+        "an input that needs no grad": lambda c, e: not c.args[1],
+        "a module called twice": lambda c, e: "same_as" in str(c.args[0]),
+        "no backward at all (nothing requires grad)": lambda c, e: not any(k.startswith("bwd") for k, _ in e),
+        "a frozen module before a trainable one": lambda c, e: "'frozen'" in str(c.args[0])
+                                                               and "'trainable'" in str(c.args[0]),
+    }
+
     def visible_cases(self):
         stem_head = {"name": "net", "param": None, "children": [{"name": "stem", "param": "frozen", "children": []},
                                                                  {"name": "head", "param": "trainable", "children": []}]}
@@ -1326,6 +1442,14 @@ class FunctionalCall(ModulesExercise):
                {"raises": ", forward raises", "bare_args": ", args a bare tensor"}.get(scenario, "") + f": {tree_text(spec)}"
         return Case((spec, list(names)), {"tie_weights": tie_weights, "strict": strict, "scenario": scenario},
                     label=(label + ": " if label else "") + text)
+
+    boundary_classes = {**TREE_CLASSES,
+                        "strict=True with an unknown name": lambda c, e: c.kwargs["strict"] and "not_a_name" in c.args[1],
+                        "tie_weights=False": lambda c, e: not c.kwargs["tie_weights"],
+                        "no name given": lambda c, e: not c.args[1],
+                        "forward raises": lambda c, e: c.kwargs["scenario"] == "raises",
+                        "args a bare tensor": lambda c, e: c.kwargs["scenario"] == "bare_args",
+                        "the dict checked after the call": lambda c, e: e["input_unchanged"] is True}
 
     def visible_cases(self):
         c, example = self._case, example_spec()
@@ -1430,6 +1554,13 @@ class FixModel(ModulesExercise):
     title = "bug hunt: fix BrokenNet's module plumbing"
     probe = f"{PROBES}:fix_model_probe"
     policy = SourcePolicy(what="")  # subclassing nn.Module is the point: the chapter-wide rules only
+
+    boundary_classes = {
+        "depth 0": lambda c, e: c.args[1] == 0,
+        "a sequence of length 1": lambda c, e: c.args[3] == 1,
+        "T == max_len": lambda c, e: c.args[3] == c.args[2],
+        "max_len 1": lambda c, e: c.args[2] == 1,
+    }
 
     def visible_cases(self):
         return [Case((4, 2, 8, 5, 0), label="FixedNet(dim=4, depth=2, max_len=8) on x of shape (2, 5, 4)")]
@@ -1560,6 +1691,16 @@ class LoadCheckpoint(ModulesExercise):
     def _case(self, recipe, wrap, damage):
         items, metadata = wrapped_checkpoint(recipe, wrap, damage)
         return Case((recipe, items, metadata), label=f"model {recipe}, saved through {wrap}, damage: {damage}")
+
+    boundary_classes = {
+        "a child really called module": lambda c, e: c.args[0] == "has_module_child",
+        "two wrappers stacked": lambda c, e: any(k.startswith(("_orig_mod.module.", "module._orig_mod."))
+                                                 for k, _ in c.args[1]),
+        "no _metadata": lambda c, e: c.args[2] is None,
+        "a missing key that must raise": lambda c, e: e["outcome"] == "raised",
+        "an empty model and checkpoint": lambda c, e: c.args[0] == "empty",
+        "the checkpoint checked after the call": lambda c, e: e["input_unchanged"] is True,
+    }
 
     def visible_cases(self):
         c = self._case
