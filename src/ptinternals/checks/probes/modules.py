@@ -432,15 +432,17 @@ def call_special(base: type, scenario: str) -> dict:
 
         m = Boom()
         m.register_forward_hook(lambda mod, a, out: events.append(["plain", out is None]))
-        m.register_forward_hook(lambda mod, a, out: events.append(["always", out is None]), always_call=True)
+        # an always_call hook's return replaces the result for the hooks after it, on the error path too
+        m.register_forward_hook(lambda mod, a, out: events.append(["always", out is None]) or torch.zeros(1),
+                                always_call=True)
         if scenario == "always_call_failing_hook":
             def bad(mod, a, out):
                 events.append(["bad", out is None])
                 raise KeyError("hook failed too")
 
             m.register_forward_hook(bad, always_call=True)
-        m.register_forward_hook(lambda mod, a, kw, out: events.append(["always_kw", sorted(kw)]), always_call=True,
-                                with_kwargs=True)
+        m.register_forward_hook(lambda mod, a, kw, out: events.append(["always_kw", sorted(kw), out is None]),
+                                always_call=True, with_kwargs=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             got = outcome(lambda: m(torch.ones(1)))
@@ -486,13 +488,16 @@ def call_special(base: type, scenario: str) -> dict:
         return {"outcome": outcome(lambda: m(torch.ones(1))), "events": events}
     # bad hook returns: a 3-tuple from a with_kwargs pre-hook, wrong numbers of gradients from backward hooks
     cls = type("Twice", (base,), {"forward": lambda self, x: x * 2})
-    a, b, c = cls(), cls(), cls()
-    a.register_forward_pre_hook(lambda m, args, kwargs: (1, 2, 3), with_kwargs=True)
-    b.register_full_backward_hook(lambda m, gi, go: (None, None))
-    c.register_full_backward_pre_hook(lambda m, go: (None, None, None))
+    modules = [cls() for _ in range(6)]
+    modules[0].register_forward_pre_hook(lambda m, args, kwargs: (1, 2, 3), with_kwargs=True)
+    modules[1].register_forward_pre_hook(lambda m, args, kwargs: (args,), with_kwargs=True)
+    modules[2].register_full_backward_hook(lambda m, gi, go: (None, None))  # too many gradients
+    modules[3].register_full_backward_hook(lambda m, gi, go: ())  # too few
+    modules[4].register_full_backward_pre_hook(lambda m, go: (None, None, None))
+    modules[5].register_full_backward_pre_hook(lambda m, go: ())
     x = torch.ones(2, requires_grad=True)
-    return {"outcomes": [outcome(lambda: a(x)), outcome(lambda: b(x).sum().backward()),
-                         outcome(lambda: c(x).sum().backward())]}
+    return {"outcomes": [outcome(lambda m=m: m(x)) for m in modules[:2]] +
+                        [outcome(lambda m=m: m(x).sum().backward()) for m in modules[2:]]}
 
 
 def call_run(base: type, spec, scenario: str, plan=(), x_requires_grad=True, grad_mode=True, remove=(),
@@ -691,6 +696,8 @@ def make_model(recipe: str, seed: int):
         return Encoder()
     if recipe == "empty":
         return torch.nn.Sequential()
+    if recipe == "bn":  # a versioned module at the root: its _metadata entry is the root's ("")
+        return torch.nn.BatchNorm1d(3)
     return torch.nn.Sequential(torch.nn.Linear(2, 1))
 
 
