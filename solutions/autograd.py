@@ -1006,8 +1006,9 @@ with torch.autograd.detect_anomaly():
 # * Hooks run inside autograd (`register_hook`, post-accumulate hooks) and modules
 #   (`model(x)` runs them; `model.forward(x)` does not).
 #
-# Next: {{chapter dispatch}} follows an op one level down, through the dispatcher, where autograd is one
-# dispatch key among many.
+# Next: {{chapter modules}} goes one level up, to `nn.Module`, whose backward hooks are node hooks on
+# identity Functions; then {{chapter dispatch}} follows an op one level down, through the dispatcher,
+# where autograd is one dispatch key among many.
 #
 # ### Your quiz score so far
 # The grader counts your first answer to each question (recorded in `autograd.answers.json`).

@@ -16,6 +16,7 @@ from __future__ import annotations
 CHAPTERS: tuple[tuple[str, str], ...] = (
     ("strides", "Storage, strides and views"),
     ("autograd", "Autograd and custom Functions"),
+    ("modules", "Modules: what `model(x)` really does"),
     ("dispatch", "The dispatcher, `__torch_dispatch__` and `torch.library`"),
     ("allocator", "The CUDA caching allocator"),
     ("profiling", "Profiling and the host-device boundary"),

@@ -112,6 +112,14 @@ class Exercise:
         """Extra lines for a *passing* result (e.g. achieved GB/s and the ratio to torch)."""
         return None
 
+    def source_problem(self, sources: dict[str, str], own_cell: str | None = None) -> str | None:
+        """What is not allowed in how the answer is *written*, judged on source text in the trusted process
+        (a static policy: measurements made in the sandbox can be forged), or None. ``sources``: ``{cell id:
+        source}``, the notebook's setup and answer cells when grading (``own_cell`` is then this exercise's
+        answer cell), or only the cell that defined the entry for instant feedback (``own_cell`` None).
+        Default: no policy. (A chapter-local hook until the generic mechanism of the grading issue lands.)"""
+        return None
+
     # ---- derived ----------------------------------------------------------------------------------
     number: str = ""  # "1.4": set by its Chapter from the book's order (ptinternals.course)
 
@@ -349,6 +357,35 @@ def run_in_process(ex: Exercise, entry: Callable, cases: list[Case], device: str
     return results, "ok"
 
 
+def _defining_sources(entry) -> dict[str, str]:
+    """``{file: source}`` of the cell(s) that defined ``entry`` (IPython registers each cell's source in
+    linecache under the file name its code objects carry), for the static policy's instant feedback."""
+    import linecache
+
+    functions = [entry] if not isinstance(entry, type) else \
+        [getattr(v, "__func__", v) for k in type.mro(entry) if k is not object for v in vars(k).values()]
+    def is_cell(filename: str) -> bool:
+        return filename.startswith("<") or "ipykernel" in filename
+
+    out = {}
+    for fn in functions:
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_filename not in out and is_cell(code.co_filename):
+            lines = linecache.getlines(code.co_filename)
+            if lines:
+                out[code.co_filename] = "".join(lines)
+    if not out:  # a class with no method of its own (`class X(Base): pass`): the last cell that defines the name
+        import re
+
+        name = getattr(entry, "__name__", "")
+        pattern = re.compile(rf"^(class|def)\s+{re.escape(name)}\b|^{re.escape(name)}\s*=", re.M)
+        for filename, entry_lines in reversed(list(linecache.cache.items())):
+            text = "".join(entry_lines[2]) if len(entry_lines) > 2 else ""
+            if is_cell(str(filename)) and name and pattern.search(text):
+                return {filename: text}
+    return out
+
+
 def check(exercise_id: str, entry: Callable, *, hidden: bool = False, device: str | None = None) -> None:
     """Check ``entry`` against an exercise's visible cases (and hidden ones with ``hidden=True``).
 
@@ -367,6 +404,9 @@ def check(exercise_id: str, entry: Callable, *, hidden: bool = False, device: st
     t0 = time.perf_counter()
     results, status = run_in_process(ex, entry, cases, device)
     outcome = evaluate(ex, cases, results, expected, device=device, status=status, seconds=time.perf_counter() - t0)
+    problem = ex.source_problem(_defining_sources(entry)) if outcome.category != "not-implemented" else None
+    if problem:
+        raise CheckFailure(problem, exercise=ex.id, category="forbidden")
     if not outcome.passed:
         raise outcome.failure()
     scope = "visible and hidden" if hidden else "visible"

@@ -242,6 +242,12 @@ def grade_notebook(nb, chapter: Chapter, folder: str | Path, config: SandboxConf
     outcomes: dict[str, Outcome] = {}
     for group in groups.values():
         outcomes.update(run_exercises(cells, group, config, report, cell_timeout_s, chapter.sandbox_files))
+    sources = {c["id"]: c["source"] for c in cells}
+    for ex in exercises:
+        problem = ex.source_problem(sources, own_cell=ex.answer_cell)  # how it is written: judged here, on source
+        if problem:
+            o = outcomes[ex.id]
+            outcomes[ex.id] = Outcome(ex.id, False, o.n_cases, o.n_cases, problem, "forbidden", o.seconds, o.device)
     for ex in exercises:
         o = outcomes[ex.id]
         message = o.message

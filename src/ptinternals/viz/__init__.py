@@ -2,7 +2,8 @@
 
 One module per kind of picture: ``storage`` (which storage cells a view touches), ``graph``
 (autograd graphs), ``dispatch`` (dispatch paths), ``memory`` (allocator timelines and segment maps),
-``floats`` (bit layouts), ``ring`` (collectives), ``roofline`` (kernels), ``training`` (loss curves).
+``floats`` (bit layouts), ``ring`` (collectives), ``roofline`` (kernels), ``training`` (loss curves),
+``modules`` (module trees and hook timelines).
 Every drawing function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show()``.
 
 Importing this package in IPython registers a PNG formatter for ``Figure``, so a figure returned as a
