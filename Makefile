@@ -29,8 +29,8 @@ constraints-gpu.txt: constraints.txt scripts/compat_constraints.py
 	python3 scripts/compat_constraints.py
 
 compat-venv: constraints-gpu.txt
-	@PTI_VENV=$(CURDIR)/$(COMPAT_VENV) PTI_CONSTRAINTS=$(CURDIR)/constraints-gpu.txt PTI_EXTRAS=triton,grade,dev \
-	  scripts/bootstrap.sh
+	@t0=$$(date +%s); PTI_VENV=$(CURDIR)/$(COMPAT_VENV) PTI_CONSTRAINTS=$(CURDIR)/constraints-gpu.txt \
+	  PTI_EXTRAS=triton,grade,dev scripts/bootstrap.sh && echo "$(COMPAT_VENV) ready ($$(($$(date +%s) - t0)) s)"
 
 compat: compat-venv
 	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --durations=15 --ignore=tests/book
