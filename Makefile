@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 export PTINTERNALS_REPO := $(CURDIR)
 
-.PHONY: book test lint venv lab notebooks check-notebooks bench mutation gpu-check gpu-check-dry clean
+.PHONY: book test lint venv compat compat-venv lab notebooks check-notebooks bench mutation gpu-check gpu-check-dry clean
 
 book: venv
 	PTINTERNALS_STATIC_BOOK=1 .venv/bin/jupyter-book build . --warningiserror --nitpick --keep-going --quiet
@@ -20,6 +20,20 @@ lint: venv
 
 venv:
 	@scripts/bootstrap.sh
+
+# The GPU machine's toolchain (torch 2.11 + triton 3.6, PyPI's CUDA build) on the CPU: a second venv
+# pinned by constraints-gpu.txt (derived from constraints.txt), and the CPU suite in it. The book tests
+# (tests/book) run once, in `make test`. CI runs this after `make test`.
+COMPAT_VENV := .venv-compat
+constraints-gpu.txt: constraints.txt scripts/compat_constraints.py
+	python3 scripts/compat_constraints.py
+
+compat-venv: constraints-gpu.txt
+	@t0=$$(date +%s); PTI_VENV=$(CURDIR)/$(COMPAT_VENV) PTI_CONSTRAINTS=$(CURDIR)/constraints-gpu.txt \
+	  PTI_EXTRAS=triton,grade,dev scripts/bootstrap.sh && echo "$(COMPAT_VENV) ready ($$(($$(date +%s) - t0)) s)"
+
+compat: compat-venv
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --durations=15 --ignore=tests/book
 
 # For students: JupyterLab on the chapter notebooks (quiz answers are saved beside each notebook).
 LAB_DIR ?= notebooks

@@ -5,6 +5,8 @@
 #                                       carry .whl/ (scripts/fetch_gpu_wheels.sh) for nbgrader & co.
 #   autograder/gpu_check.sh --dry-run   on a CPU machine: validates arguments, the wheel list, every
 #                                       step's command line and the result files' schema (CI runs it)
+#     --venv DIR                        the dry run's environment (default .venv; `make compat` builds
+#                                       .venv-compat with the GPU machine's torch 2.11 + triton 3.6)
 #
 # Steps, each with its own time budget (a step that overruns is stopped and reported, the rest run;
 # about 9 minutes at most in all, typically less; --budget-scale 0.8 tightens every budget):
@@ -22,12 +24,14 @@ cd "$root"
 dry_run=0
 out_dir="$root/bench/results"
 budget_scale=1
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+venv="$root/.venv"
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     --out) out_dir=${2:?--out needs a folder}; shift ;;
     --budget-scale) budget_scale=${2:?--budget-scale needs a number}; shift ;;
+    --venv) venv=${2:?--venv needs a folder}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -42,30 +46,42 @@ budget() { python3 -c "print(int($1 * $budget_scale))" 2>/dev/null || echo "$1";
 
 # ---- the interpreter and the packages ---------------------------------------------------------------
 if [ "$dry_run" = 1 ]; then
-  py="$root/.venv/bin/python"
-  [ -x "$py" ] || { echo "gpu_check.sh --dry-run needs .venv (run: make venv)" >&2; exit 3; }
+  py="$venv/bin/python"
+  [ -x "$py" ] || { echo "gpu_check.sh --dry-run needs $venv (run: make venv, or make compat-venv)" >&2; exit 3; }
   export PTINTERNALS_DEVICE=cpu
-  # The wheel list must match the pinned environment exactly, or the GPU run tests other versions.
+  # The wheel list must match the pinned environments exactly, or the GPU run tests other versions; and
+  # the dry run says which toolchain it validated (CI's, or the GPU machine's from make compat).
   "$py" - "$root" <<'EOF' || exit 3
 import re, sys
+from importlib.metadata import version
 from pathlib import Path
 root = Path(sys.argv[1])
-pins = {}
-for line in (root / "constraints.txt").read_text().splitlines():
-    if "==" in line and not line.startswith("#"):
-        name, ver = line.split("==", 1)
-        pins[re.sub(r"[-_.]+", "-", name.lower())] = ver.strip()
+canonical = lambda name: re.sub(r"[-_.]+", "-", name.lower())
+def pins_of(path):
+    pins = {}
+    for line in path.read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, ver = line.split("==", 1)
+            pins[canonical(name)] = ver.strip()
+    return pins
+files = {name: pins_of(root / name) for name in ("constraints.txt", "constraints-gpu.txt")}
 bad = []
 for line in (root / "autograder" / "gpu_wheels.txt").read_text().splitlines():
     if not line.strip() or line.startswith("#"):
         continue
     name, _, ver = line.partition("==")
-    key = re.sub(r"[-_.]+", "-", name.lower())
-    if not ver or pins.get(key) != ver.strip():
-        bad.append(f"{line} (constraints.txt: {pins.get(key)})")
+    for file, pins in files.items():
+        if not ver or pins.get(canonical(name)) != ver.strip():
+            bad.append(f"{line} ({file}: {pins.get(canonical(name))})")
 if bad:
-    sys.exit("gpu_wheels.txt disagrees with constraints.txt:\n  " + "\n  ".join(bad))
-print("wheel list: consistent with constraints.txt")
+    sys.exit("gpu_wheels.txt disagrees with the constraints:\n  " + "\n  ".join(bad))
+print("wheel list: consistent with constraints.txt and constraints-gpu.txt")
+have = {name: version(name).split("+")[0] for name in ("torch", "triton", "numpy")}
+matching = [file for file, pins in files.items() if all(pins.get(n) == v for n, v in have.items())]
+if not matching:
+    sys.exit(f"this environment ({have}) has the pins of neither constraints.txt nor constraints-gpu.txt")
+print(f"environment: torch {have['torch']}, triton {have['triton']}, numpy {have['numpy']} "
+      f"(the pins of {matching[0]})")
 EOF
 else
   py=${PYTHON:-python3}

@@ -117,6 +117,7 @@ print("aten.add.Scalar:", packet.Scalar._schema)
 # *fallback*. `torch._C._dispatch_dump_table` prints it (`OperatorEntry::dumpComputedTable`):
 
 # %%
+print("torch", torch.__version__, "(CUDA build)" if torch.version.cuda else "(CPU-only build)")
 table = torch._C._dispatch_dump_table("aten::add.Tensor").splitlines()
 for line in table:
     key = line.split(":")[0]
@@ -125,8 +126,10 @@ for line in table:
         print(f"{key:16s}", line.split("[")[-1].rstrip("]"), "  <-", where)
 
 # %% [markdown]
-# (On this CPU-only build the `CUDA` slot holds a `CompositeExplicitAutogradNonFunctional` kernel; a
-# CUDA build registers a real CUDA kernel there.)
+# (On a CPU-only build, like the torch 2.13 the book is built with, the `CUDA` slot holds a
+# `CompositeExplicitAutogradNonFunctional` kernel; a CUDA build, like the GPU machine's torch 2.11,
+# registers a real CUDA kernel there. The file names and line numbers are those of the torch printed
+# above.)
 #
 # **The call.** `Dispatcher::call` (`aten/src/ATen/core/dispatch/Dispatcher.h`) does three things:
 #
@@ -169,12 +172,18 @@ draw_dispatch_path(steps, "a.add(b) on the CPU")
 # per-backend key is a pair: `AutogradCPU` = functionality bit `Autograd` + backend bit `CPU`. The
 # priority of a key is the index of its functionality bit, and among backends the higher backend
 # bit wins. Picking the next kernel is a count-leading-zeros.
+#
+# The *order* of the keys in the table above holds in every recent release; their *bit numbers* do
+# not. On torch 2.13 (the book's) there are 46 functionality bits and `Python` is functionality 13;
+# on torch 2.11 (the GPU machine's) there are 47 and `Python` is 12, because 2.13 moved the `Fake` key
+# from just above `Python` to just below it and deleted the `Named` key. The figure is drawn from the
+# torch that runs this notebook, whose version it prints.
 
 # %%
 t = torch.ones(2, 3)
 ks = torch._C._dispatch_keys(t)
-print(ks)
-draw_key_set(ks, f"torch.ones(2, 3): {ks}")
+print(ks, "| torch", torch.__version__, "| Python is functionality", int(torch._C.DispatchKey.Python))
+draw_key_set(ks, f"torch.ones(2, 3) on torch {torch.__version__}: {ks}")
 
 # %% [markdown]
 # What goes into a tensor's key set is decided when it is made (`TensorImpl`'s constructor):
@@ -941,11 +950,14 @@ estimate = estimate_training_memory(lambda: nn.Sequential(nn.Linear(4096, 16384)
 print({k: format_bytes(v) if isinstance(v, int) else v for k, v in estimate.items()})
 
 # %% [markdown]
-# **A warning for CPU-only builds of PyTorch** (like this one): fake tensors on `device="cuda"` work
-# for shapes, but the moment *autograd* touches one (a parameter with `requires_grad`, a backward
-# pass), the process **aborts** (C++ `terminate`, not an exception: c10 has no CUDA device guard to
-# give it). So build fake models on the CPU and apply the CUDA rules (the 512-byte rounding)
-# yourself, as the reference does; on a CUDA build, `device="cuda"` works directly.
+# **A warning for machines without a GPU**: fake tensors on `device="cuda"` work for shapes, but
+# the moment *autograd* touches one (a parameter with `requires_grad`, a backward pass), the autograd
+# engine asks the CUDA driver about the device. On a CPU-only build of PyTorch (the book's torch 2.13)
+# the process **aborts** (C++ `terminate`, not an exception: c10 has no CUDA device guard to give it);
+# on a CUDA build that sees no GPU (torch 2.11's wheel on a CPU machine) it raises *"hasPrimaryContext
+# expects a valid device index"*. So build fake models on the CPU and apply the CUDA rules (the
+# 512-byte rounding) yourself, as the reference does (its `traced_on` says where it traced); with a
+# GPU in the machine, `device="cuda"` works directly.
 #
 # The same `TorchDispatchMode` machinery finds hidden copies: `.contiguous()` on a transposed
 # tensor, `.float()` in a bf16 model, `reshape` of a non-viewable tensor.

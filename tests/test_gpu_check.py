@@ -21,13 +21,22 @@ def test_help_and_bad_arguments():
     assert bad.returncode == 2 and "unknown argument --frobnicate" in bad.stderr
     bad = subprocess.run([SCRIPT, "--budget-scale", "fast"], capture_output=True, text=True)
     assert bad.returncode == 2 and "must be a number" in bad.stderr
+    bad = subprocess.run([SCRIPT, "--dry-run", "--venv", "/nonexistent-venv", "--out", "/tmp"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 3 and "needs /nonexistent-venv" in bad.stderr
 
 
 @pytest.mark.slow
 def test_dry_run_produces_valid_results(tmp_path):
-    proc = subprocess.run([SCRIPT, "--dry-run", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    # in the venv that runs this suite: .venv (torch 2.13) in `make test`, .venv-compat (2.11) in `make compat`
+    proc = subprocess.run([SCRIPT, "--dry-run", "--venv", sys.prefix, "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "wheel list: consistent with constraints.txt" in proc.stdout
+    assert "wheel list: consistent with constraints.txt and constraints-gpu.txt" in proc.stdout
+    import torch
+
+    pins = "constraints-gpu.txt" if torch.__version__.startswith("2.11.") else "constraints.txt"
+    assert f"environment: torch {torch.__version__.split('+')[0]}" in proc.stdout and f"(the pins of {pins})" in proc.stdout
     [report_file] = tmp_path.glob("gpu-check-*-dryrun.json")
     report = json.loads(report_file.read_text())
     assert gpu_report.validate(report) == []

@@ -4,7 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ptinternals.amp.autocast_policy import autocast_output_dtype, autocast_policy, dtype_name
+from ptinternals.amp.autocast_policy import (
+    BANNED,
+    POLICIES,
+    autocast_output_dtype,
+    autocast_policy,
+    dtype_name,
+    registered_autocast_ops,
+)
 from ptinternals.amp.inspector import (
     AutocastDtypeMode,
     OpRecord,
@@ -145,6 +152,22 @@ def test_cpu_and_cuda_policies_differ_where_documented():
     assert autocast_policy("binary_cross_entropy", "cpu") == "fp32"
     with pytest.raises(RuntimeError, match="banned"):
         autocast_policy("binary_cross_entropy", "cuda")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_policy_lists_are_what_this_torch_registers(device):
+    # every aten op with an Autocast<device> kernel has a policy, and none without one (2.13 and 2.11)
+    listed = set().union(*POLICIES[device].values()) | set(BANNED[device])
+    assert listed == set(registered_autocast_ops(device))
+
+
+def test_version_and_build_differences_in_the_cuda_lists():
+    torch_2_11 = torch.__version__.startswith("2.11.")
+    assert autocast_policy("rms_norm", "cuda") == ("none" if torch_2_11 else "fp32")  # 2.13 added rms_norm
+    cudnn = torch.backends.cudnn.is_available()  # a CUDA build with cuDNN registers AutocastRNN.cpp
+    assert autocast_policy("_cudnn_rnn", "cuda") == ("fp16" if cudnn else "none")
+    if cudnn:
+        assert autocast_output_dtype("_cudnn_rnn", ["float32"], "cuda", "bfloat16") == "float16"
 
 
 def test_mode_can_be_used_directly_and_ignores_detach():

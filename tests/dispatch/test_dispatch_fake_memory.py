@@ -76,6 +76,13 @@ def test_cuda_estimate_rounds_like_the_caching_allocator():
     assert cuda["parameters"] >= cpu["parameters"] and cuda["peak"] >= cpu["peak"]
 
 
+def test_fake_cuda_backward_needs_a_visible_gpu_not_just_a_cuda_build():
+    # torch 2.11's PyPI wheel is a CUDA build; on a CPU machine its autograd engine rejects device 0
+    assert fake_backward_supported("cuda") == torch.cuda.is_available()
+    assert not fake_backward_supported(f"cuda:{torch.cuda.device_count()}")  # one past the last GPU
+    assert fake_backward_supported("cpu") and fake_backward_supported("meta")
+
+
 def test_bf16_and_token_inputs():
     est = estimate_training_memory(lambda: nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 100)), (4, 10),
                                    device="cpu", dtype=torch.bfloat16, input_dtype=torch.long)

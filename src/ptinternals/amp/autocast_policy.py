@@ -12,6 +12,8 @@ and redispatches; unregistered ops fall through and run in whatever dtype their 
     fp32_append_dtype    same idea for ``norm`` overloads without a dtype argument (CUDA only)
     promote              cast all inputs to the widest input dtype (addcmul, cat on CPU, ...); an
                          input in the other 16-bit dtype (fp16 under bf16 autocast) is an error
+    fp16                 cast to float16 whatever the autocast dtype: ``_cudnn_rnn``, registered only by
+                         CUDA builds with cuDNN (aten/src/ATen/cudnn/AutocastRNN.cpp)
     (not listed)         run in the input dtype: relu, gelu, add, dropout, view ops ...
 
 CPU versus CUDA (aten/src/ATen/autocast_mode.cpp): the lower-precision lists agree on the matmul
@@ -31,8 +33,11 @@ two gradients are summed in low precision before the single cast back). ``cache_
 turns this off. ``inspector.inspect_autocast`` shows both.
 
 Mirrors aten/src/ATen/autocast_mode.cpp (CPU lists) and aten/src/ATen/autocast_mode.h
-(AT_FORALL_LOWER_PRECISION_FP, AT_FORALL_FP32, AT_FORALL_FP32_SET_OPT_DTYPE, AT_FORALL_PROMOTE),
-torch 2.11-2.13.
+(AT_FORALL_LOWER_PRECISION_FP, AT_FORALL_FP32, AT_FORALL_FP32_SET_OPT_DTYPE, AT_FORALL_PROMOTE) as
+written in torch 2.13, then cut down at import to the ops the installed torch's dispatcher has an
+Autocast kernel for: torch 2.11 has no CUDA rule for ``rms_norm`` (2.13 added it to the fp32 list), and
+a CPU-only build registers no ``_cudnn_rnn`` rule. (2.11 also lists named-tensor overloads such as
+``softmax.Dimname``, which 2.13 deleted; policies here are per op name, so nothing changes.)
 """
 
 from __future__ import annotations
@@ -93,16 +98,30 @@ linalg_lstsq linalg_inv_ex
 )
 _CPU_PROMOTE = frozenset("stack cat index_copy".split())
 
-POLICIES = {
+WRITTEN_POLICIES = {
     "cuda": {
         "lower_precision_fp": _CUDA_LOWER,
         "fp32": _CUDA_FP32,
         "fp32_set_opt_dtype": _CUDA_FP32_SET_OPT_DTYPE,
         "fp32_append_dtype": frozenset({"norm"}),
         "promote": _CUDA_PROMOTE,
+        "fp16": frozenset({"_cudnn_rnn"}),
     },
     "cpu": {"lower_precision_fp": _CPU_LOWER, "fp32": _CPU_FP32, "promote": _CPU_PROMOTE},
 }
+_AUTOCAST_KEY = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
+
+
+def registered_autocast_ops(device_type: str) -> frozenset:
+    """Names of the aten ops the installed torch has a kernel for at Autocast<device> (any overload)."""
+    key = _AUTOCAST_KEY[device_type]
+    return frozenset(op[len("aten::"):].split(".")[0] for op in torch._C._dispatch_get_all_op_names()
+                     if op.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(op, key))
+
+
+_REGISTERED = {device: registered_autocast_ops(device) for device in _AUTOCAST_KEY}  # ~0.1 s
+POLICIES = {device: {policy: ops & _REGISTERED[device] for policy, ops in table.items()}
+            for device, table in WRITTEN_POLICIES.items()}
 # Unlisted composite ops whose decomposition is listed: net policy (device -> op -> policy).
 COMPOSITE = {
     "cuda": {"cross_entropy_loss": "fp32", "cross_entropy": "fp32"},
@@ -152,8 +171,9 @@ def _check_device_type(device_type: str) -> str:
 def autocast_policy(op: str, device_type: str) -> str:
     """The cast policy autocast applies to aten op ``op`` ("linear", "softmax", ...) on ``device_type``.
 
-    Returns "lower_precision_fp", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote" or
-    "none" (not listed: the op runs in its inputs' dtype).
+    Returns "lower_precision_fp", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "fp16"
+    or "none" (not listed: the op runs in its inputs' dtype). The installed torch decides which ops
+    are listed (see the module docstring).
     """
     if not isinstance(op, str) or not op:
         raise TypeError(f"op must be a non-empty aten op name like 'linear', got {op!r}")
@@ -193,6 +213,8 @@ def autocast_output_dtype(
     policy = autocast_policy(op, device_type)
     if policy == "lower_precision_fp":
         return low
+    if policy == "fp16":
+        return "float16"
     if policy.startswith("fp32"):
         return "float32"
     if policy == "promote":

@@ -18,9 +18,12 @@ laptop. Storage sizes are real, so the bytes a step would allocate can be counte
 For ``device="cuda"`` each storage is rounded like the CUDA caching allocator (512 B), so ``peak``
 predicts ``torch.cuda.max_memory_allocated`` minus what kernels allocate out of sight (cuBLAS workspace).
 
-A CPU-only build of PyTorch cannot run the autograd engine (or SDPA's kernel choice) on fake *CUDA*
-tensors: c10 has no CUDA DeviceGuardImpl there and the process aborts. There we trace on fake CPU
-tensors instead - same shapes and dtypes, hence the same bytes - and say so in ``traced_on``.
+Backward on fake *CUDA* tensors needs a visible GPU, whatever the build: the autograd engine asks c10
+about the device (``torch/csrc/autograd/engine.cpp`` -> ``at::cuda::detail::hasPrimaryContext``). A
+CPU-only build has no CUDA DeviceGuardImpl and the process aborts (torch 2.13); a CUDA build without a
+GPU raises "hasPrimaryContext expects a valid device index" (torch 2.11's PyPI wheel on a CPU machine).
+There we trace on fake CPU tensors instead - same shapes and dtypes, hence the same bytes - and say so
+in ``traced_on``.
 """
 from __future__ import annotations
 
@@ -31,11 +34,13 @@ from .modes import MemoryTracker, round_cuda_allocation
 
 
 def fake_backward_supported(device: str) -> bool:
-    """Can this build run backward on fake tensors of ``device``? (cuda needs a CUDA build)."""
-    kind = torch.device(device).type
-    if kind == "cuda":
-        return bool(torch.backends.cuda.is_built())
-    return kind in ("cpu", "meta")
+    """Can this machine run backward on fake tensors of ``device``? (cuda: a CUDA build that sees that GPU;
+    a CUDA build is not enough, see the module docstring)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return bool(torch.backends.cuda.is_built() and torch.cuda.is_available()
+                    and (dev.index or 0) < torch.cuda.device_count())
+    return dev.type in ("cpu", "meta")
 
 
 def _storage_bytes(tensors, round_to_cuda: bool) -> int:

@@ -1,6 +1,7 @@
 """Dispatch keys and the 64-bit DispatchKeySet, as c10 packs them.
 
-Mirrors, for torch 2.13 (2.11 lacks only the ``Fake`` key, so every key above it sits one bit lower):
+Mirrors (the functionality keys are read from the installed torch at import; the two versions the
+course runs on are written out below, see ``FUNCTIONALITY_KEYS_BY_VERSION``):
 
 - ``c10/core/DispatchKey.h``: ``enum class BackendComponent`` (CPUBit..MetaBit) and
   ``enum class DispatchKey`` (the *functionality* keys, lowest priority first), and the per-backend
@@ -17,6 +18,10 @@ Mirrors, for torch 2.13 (2.11 lacks only the ``Fake`` key, so every key above it
 The priority of a key is simply its bit index: the dispatcher takes the *highest* set bit
 ("count leading zeros"). Every name here is the C++ name, so ``str()`` of a set matches
 ``str(torch._C._dispatch_keys(t))`` character for character.
+
+Bit numbers are NOT stable across releases: torch 2.13 moved ``Fake`` below ``Python`` and deleted
+``Named``, so from ``Python`` up every functionality key has another bit (and enum value) on torch 2.11
+than on 2.13. The order of the keys the course follows is the same in both; the numbers are not.
 """
 from __future__ import annotations
 
@@ -24,20 +29,19 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 # --- c10/core/DispatchKey.h: BackendComponent (bit i-1 of the set holds backend i) -----------------
-BACKENDS: tuple[str, ...] = (
+BACKENDS_2_13: tuple[str, ...] = (
     "CPU", "CUDA", "HIP", "XLA", "MPS", "IPU", "XPU", "HPU", "VE", "Lazy",
     "MTIA", "MAIA", "PrivateUse1", "PrivateUse2", "PrivateUse3", "Meta",
 )
-NUM_BACKENDS = len(BACKENDS)  # 16 -> bits 0..15
-FULL_BACKEND_MASK = (1 << NUM_BACKENDS) - 1
 
 # --- c10/core/DispatchKey.h: functionality keys, enum value = priority (0 = Undefined, lowest) ----
-FUNCTIONALITY_KEYS: tuple[str, ...] = (
+# As torch 2.13 (CI, laptops) declares them:
+FUNCTIONALITY_KEYS_2_13: tuple[str, ...] = (
     "Undefined",
     "Dense", "FPGA", "Vulkan", "Metal", "Quantized", "CustomRNGKeyId", "MkldnnCPU",
     "Sparse", "SparseCsr", "NestedTensor",
     "BackendSelect",            # factory functions: pick the backend from device=/dtype= arguments
-    "Fake",                     # C++ FakeTensor key, new in torch 2.13 (absent in 2.11)
+    "Fake",                     # C++ FakeTensor mode; BELOW Python so that Python modes fire first
     "Python",                   # __torch_dispatch__: TorchDispatchMode or tensor subclass
     "FuncTorchDynamicLayerBackMode",
     "Functionalize",            # mutation/alias removal (torch.compile, export)
@@ -55,8 +59,56 @@ FUNCTIONALITY_KEYS: tuple[str, ...] = (
     "PreDispatch",              # pre-dispatch tracing (torch.export)
     "PythonDispatcher",         # the Python re-implementation of the dispatcher
 )
+# torch 2.11 (the GPU machine) differs in two places: ``Fake`` was torchdistx's out-of-core key and sat
+# just ABOVE Python, and ``Named`` (named tensors' error messages) followed Functionalize. 48 keys, not
+# 47: Python is functionality 12 on 2.11 and 13 on 2.13, Conjugate 17 and 16, AutogradFunctionality 22
+# and 21, and every per-backend runtime key's enum value is one higher on 2.11 (CPU: 50 vs 49).
+_i = FUNCTIONALITY_KEYS_2_13.index
+FUNCTIONALITY_KEYS_2_11: tuple[str, ...] = (
+    FUNCTIONALITY_KEYS_2_13[:_i("Fake")] + ("Python", "Fake")
+    + FUNCTIONALITY_KEYS_2_13[_i("Python") + 1:_i("Functionalize") + 1] + ("Named",)
+    + FUNCTIONALITY_KEYS_2_13[_i("Functionalize") + 1:])
+del _i
+FUNCTIONALITY_KEYS_BY_VERSION = {"2.13": FUNCTIONALITY_KEYS_2_13, "2.11": FUNCTIONALITY_KEYS_2_11}
+
+
+def read_layout_from_torch() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(backends, functionality keys) of the installed torch, lowest bit / priority first.
+
+    ``torch._C.DispatchKey`` exposes only some keys (``Fake``, ``Named``, ``Tracer``... are missing), so
+    the names are read off c10's own printing instead: a set holding one functionality bit prints that
+    key's name (``toString(DispatchKey)``); a per-backend functionality (Dense, Autograd...) prints
+    nothing without a backend bit, and ``highestPriorityTypeId`` names it by its ``StartOf<F>Backends``
+    marker. The full set has one bit per backend and per functionality (Undefined has none)."""
+    import torch
+
+    C = torch._C
+    num_backends = C._dispatch_num_backends()
+    dense_bit = 1 << num_backends  # functionality 1 (Dense) sits just above the backend bits
+    backends = tuple(str(C.DispatchKeySet.from_raw_repr(dense_bit | 1 << b))[len("DispatchKeySet("):-1]
+                     for b in range(num_backends))
+    num_functionality_bits = C._dispatch_keyset_full().raw_repr().bit_length() - num_backends
+    keys = ["Undefined"]
+    for f in range(1, num_functionality_bits + 1):
+        ks = C.DispatchKeySet.from_raw_repr(1 << (num_backends + f - 1))
+        name = str(ks)[len("DispatchKeySet("):-1]
+        if not name:  # "DispatchKey.StartOfAutogradFunctionalityBackends" -> "AutogradFunctionality"
+            name = str(ks.highestPriorityTypeId()).rsplit(".", 1)[-1][len("StartOf"):-len("Backends")]
+        keys.append(name)
+    return backends, tuple(keys)
+
+
+BACKENDS, FUNCTIONALITY_KEYS = read_layout_from_torch()
+_NEEDED = {"Dense", "Quantized", "Sparse", "SparseCsr", "NestedTensor", "AutogradFunctionality", "AutogradOther",
+           "AutogradNestedTensor", "ADInplaceOrView", "BackendSelect", "Python", "PythonTLSSnapshot",
+           "Functionalize", "PythonDispatcher", "Conjugate", "Negative"}
+if _NEEDED - set(FUNCTIONALITY_KEYS) or set(BACKENDS_2_13) - set(BACKENDS):
+    raise ImportError(f"this torch's c10 lacks dispatch keys the model needs: "
+                      f"{sorted(_NEEDED - set(FUNCTIONALITY_KEYS)) + sorted(set(BACKENDS_2_13) - set(BACKENDS))}")
+NUM_BACKENDS = len(BACKENDS)  # 16 -> bits 0..15
+FULL_BACKEND_MASK = (1 << NUM_BACKENDS) - 1
 FUNCTIONALITY_INDEX = {name: i for i, name in enumerate(FUNCTIONALITY_KEYS)}
-NUM_FUNCTIONALITY_KEYS = len(FUNCTIONALITY_KEYS)  # 47 = EndOfFunctionalityKeys
+NUM_FUNCTIONALITY_KEYS = len(FUNCTIONALITY_KEYS)  # = EndOfFunctionalityKeys: 47 on torch 2.13, 48 on 2.11
 
 # Functionalities that have one runtime key per backend, with the prefix of that key's name.
 PER_BACKEND_FUNCTIONALITIES: dict[str, str] = {
@@ -98,9 +150,9 @@ BACKENDS_WITH_AUTOGRAD_KEY = ("CPU", "IPU", "MTIA", "MAIA", "XPU", "CUDA", "XLA"
 def dispatch_key_value(key: str) -> int:
     """The ``DispatchKey`` enum value of a runtime key (``int(torch._C.DispatchKey.CPU)``).
 
-    Functionality keys number 0..46; after ``EndOfFunctionalityKeys`` (47) each per-backend
-    functionality gets a block ``StartOf<F>Backends, <F>CPU, ..., <F>Meta`` of 17 values, in the order
-    Dense, Quantized, Sparse, SparseCsr, NestedTensor, AutogradFunctionality."""
+    Functionality keys number 0..46 on torch 2.13 (0..47 on 2.11); after ``EndOfFunctionalityKeys``
+    (47; 48) each per-backend functionality gets a block ``StartOf<F>Backends, <F>CPU, ..., <F>Meta`` of
+    17 values, in the order Dense, Quantized, Sparse, SparseCsr, NestedTensor, AutogradFunctionality."""
     if key.startswith("StartOf") and key.endswith("Backends"):  # see highest_priority_key
         block, b = _BLOCK_OF_START_MARKER.get(key, -1), 0
         if block < 0:
