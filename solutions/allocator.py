@@ -204,14 +204,13 @@ from ptinternals.allocator.scaffold import kMinBlockSize
 def round_size(nbytes, divisions=0):
     """The block size for a request of `nbytes` bytes (c10's round_size)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.sizes.round_request
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
     if nbytes < kMinBlockSize:
         return kMinBlockSize
     if divisions > 1 and nbytes > kMinBlockSize * divisions:
-        if nbytes & (nbytes - 1) == 0:  # a power of two is already on a step
-            return nbytes
-        power2_floor = 1 << (nbytes.bit_length() - 1)
+        power2_floor = 1 << (nbytes.bit_length() - 1)  # a power of two is its own floor: on a step already
         step = power2_floor // divisions  # [2^k, 2^(k+1)) in `divisions` equal steps
         return -(-nbytes // step) * step
     return -(-nbytes // kMinBlockSize) * kMinBlockSize
@@ -241,6 +240,7 @@ from ptinternals.allocator.scaffold import kLargeBuffer, kMinLargeAlloc, kRoundL
 def size_plan(nbytes):
     """(block_size, pool, segment_size) for a request of `nbytes` bytes."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.sizes.size_plan
     rounded = round_size(nbytes)
     if rounded <= kSmallSize:
         return rounded, "small", kSmallBuffer
@@ -308,7 +308,8 @@ plot_segment_map(alloc)
 # Write `find_best_fit(free_blocks, size, stream, max_split_size=SIZE_MAX)`. `free_blocks` is a
 # list of the pool's free blocks as `(stream, size, address)` tuples, in any order; `size` is a
 # rounded request. Return the tuple of the block `get_free_block` picks, or `None`. With the
-# default `max_split_size` (`SIZE_MAX`: no limit) the oversize rules never apply.
+# default `max_split_size` (`SIZE_MAX`: no limit) the oversize rules never apply. Leave the list
+# you are given as it is (sort a copy if you sort).
 
 # %% [answer find_best_fit]
 from ptinternals.allocator.scaffold import SIZE_MAX, kLargeBuffer
@@ -317,6 +318,7 @@ from ptinternals.allocator.scaffold import SIZE_MAX, kLargeBuffer
 def find_best_fit(free_blocks, size, stream, max_split_size=SIZE_MAX):
     """The (stream, size, address) free block that serves a rounded request, or None."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.policy.find_best_fit
     best = None
     for block in free_blocks:
         b_stream, b_size, b_address = block
@@ -346,6 +348,7 @@ check("allocator.find_best_fit", find_best_fit, hidden=True)
 # Write `should_split(block_size, size, pool, max_split_size=SIZE_MAX)`: whether the tail
 # `block_size - size` of the chosen block is split off (`pool` is `"small"` or `"large"`, `size`
 # is the rounded request). In the large pool, a request of `max_split_size` or more is never split.
+# A request bigger than its block is a bug in the caller: raise `ValueError`.
 
 # %% [answer should_split]
 from ptinternals.allocator.scaffold import SIZE_MAX, kMinBlockSize, kSmallSize
@@ -354,6 +357,9 @@ from ptinternals.allocator.scaffold import SIZE_MAX, kMinBlockSize, kSmallSize
 def should_split(block_size, size, pool, max_split_size=SIZE_MAX):
     """True when the unused tail of the chosen block becomes a free block of its own."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.policy.should_split
+    if size > block_size:
+        raise ValueError(f"size ({size}) must be <= block_size ({block_size})")
     remaining = block_size - size
     if pool == "small":
         return remaining >= kMinBlockSize
@@ -404,7 +410,8 @@ plot_segment_map(alloc, title="x and the hole merged; z and the tail remain")
 # `(address, size, state)` tuples in address order; free `blocks[index]` (allocated, or pending
 # whose wait is over) and return the segment's new block list: the freed block becomes inactive
 # and absorbs an inactive block just before it and/or just after it. Freeing a block that is
-# already inactive is a double free: raise `ValueError`. Do not modify the list you are given.
+# already inactive is a double free: raise `ValueError`; an index outside the list (negative ones
+# included) raises `IndexError`. Do not modify the list you are given.
 
 # %% [answer merge_free_neighbours]
 from ptinternals.allocator.scaffold import INACTIVE
@@ -413,6 +420,9 @@ from ptinternals.allocator.scaffold import INACTIVE
 def merge_free_neighbours(blocks, index):
     """Free blocks[index] and merge it with inactive neighbours; return the new block list."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.segment_ops.merge_free_neighbours
+    if not 0 <= index < len(blocks):
+        raise IndexError(f"index {index} is out of range for {len(blocks)} blocks")
     address, size, state = blocks[index]
     if state == INACTIVE:
         raise ValueError(f"blocks[{index}] is already free (double free)")
@@ -533,7 +543,7 @@ print(f"after empty_cache:  reserved {format_size(alloc.memory_reserved())}, seg
 # `(address, size, state)` blocks. Return `(kept_segments, released_bytes)`: first free every
 # `"active_pending_free"` block (merging, with your `merge_free_neighbours`), then release every
 # segment that is a single inactive block; `kept_segments` lists the others (after the merges), in
-# their original order.
+# their original order. Leave `segments` as it is: build new lists.
 
 # %% [answer release_cached_segments]
 from ptinternals.allocator.scaffold import ACTIVE_PENDING_FREE, INACTIVE
@@ -542,6 +552,7 @@ from ptinternals.allocator.scaffold import ACTIVE_PENDING_FREE, INACTIVE
 def release_cached_segments(segments):
     """(kept_segments, released_bytes) of empty_cache over `segments`."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.segment_ops.release_cached_segments
     kept, released = [], 0
     for blocks in segments:
         blocks = list(blocks)
@@ -612,6 +623,7 @@ class Stat:
 
     def __init__(self):
         ### BEGIN SOLUTION
+        # twin: ptinternals.allocator.stats.Stat
         self.current = 0
         self.peak = 0
         self.allocated = 0
@@ -778,6 +790,7 @@ print(_memory_viz.segsum(frag_replay.allocator.snapshot()).split("Legend")[0])  
 def fix_fragmentation(trace):
     """(fixed_trace, alloc_conf): the same work as `trace`, without running out of memory on 1 GiB."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.workloads.fix_with_workspace
     scratch_sizes = [e[2] for e in trace if e[0] == "alloc" and str(e[1]).startswith("scratch")]
     fixed = [("alloc", "scratch", max(scratch_sizes), 0)]  # one workspace, big enough for every step
     for event in trace:
@@ -856,6 +869,7 @@ from ptinternals.allocator.scaffold import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
 def memory_timeline(trace):
     """[(allocated_bytes, active_bytes, reserved_bytes) after each event of `trace`]."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.trace.memory_timeline
     device = DeviceMemory()
     segments = []  # every live Segment, in the order they were cudaMalloc'd
     where = {}  # id -> (Segment, address) of its block; None for a 0-byte tensor
@@ -899,8 +913,7 @@ def memory_timeline(trace):
                     block_size = segment_size
                 else:
                     _, block_size, address = best
-                    segment = next(s for s in segments if s.pool == pool and s.stream == stream
-                                   and any(b[0] == address for b in s.blocks))
+                    segment = next(s for s in segments if any(b[0] == address for b in s.blocks))
                 i = block_index(segment, address)
                 if should_split(block_size, rounded, pool):
                     pieces = [(address, rounded, ACTIVE_ALLOCATED), (address + rounded, block_size - rounded, INACTIVE)]
