@@ -421,9 +421,9 @@ def merge_free_neighbours(blocks, index):
     """Free blocks[index] and merge it with inactive neighbours; return the new block list."""
     ### BEGIN SOLUTION
     # twin: ptinternals.allocator.segment_ops.merge_free_neighbours
-    if not 0 <= index < len(blocks):
-        raise IndexError(f"index {index} is out of range for {len(blocks)} blocks")
-    address, size, state = blocks[index]
+    if index < 0:  # Python would read blocks[-1] as the last block
+        raise IndexError(f"index {index} is negative")
+    address, size, state = blocks[index]  # an index past the end raises IndexError here
     if state == INACTIVE:
         raise ValueError(f"blocks[{index}] is already free (double free)")
     first, last = index, index

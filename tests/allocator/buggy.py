@@ -136,7 +136,8 @@ BUGGY = {
         "no_double_free_check": (_merge(('    if state == INACTIVE:\n'
                                          '        raise ValueError(f"blocks[{index}] is already free (double free)")\n',
                                          "")), "double free"),
-        "negative_index_wraps": (_merge(("    if not 0 <= index < len(blocks):\n", "    if index >= len(blocks):\n")),
+        "negative_index_wraps": (_merge(('    if index < 0:  # Python would read blocks[-1] as the last block\n'
+                                         '        raise IndexError(f"index {index} is negative")\n', "")),
                                  "IndexError"),
         "modifies_the_callers_list": (_merge((
             "    return list(blocks[:first]) + [(address, size, INACTIVE)] + list(blocks[last + 1:])",
