@@ -136,9 +136,13 @@ print(f"after free:   allocated {format_size(alloc.memory_allocated())}, reserve
 
 # %% [markdown]
 # Reserved memory "only grows": the allocator gives segments back to the driver only when you call
-# `torch.cuda.empty_cache()`, or when a `cudaMalloc` fails and it flushes its cache to retry. The
-# timeline of the three MLP steps shows it: allocated memory rises and falls with every step, and
-# reserved memory is a staircase that never comes down.
+# `torch.cuda.empty_cache()`, or when a `cudaMalloc` fails and it flushes its cache to retry. (One
+# setting adds a third occasion: with `PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8` and a
+# cap set by `torch.cuda.set_per_process_memory_fraction`, a `malloc` that needs a new segment first
+# frees the cached segments unused the longest whenever reserved memory is above 80% of the cap. It
+# is off by default, and the course's model does not simulate it.) The timeline of the three MLP
+# steps shows it: allocated memory rises and falls with every step, and reserved memory is a
+# staircase that never comes down.
 
 # %%
 plot_memory_timeline(mlp_replay, title="three MLP training steps, replayed in the model")
@@ -771,19 +775,21 @@ print(_memory_viz.segsum(frag_replay.allocator.snapshot()).split("Legend")[0])  
 #   cannot be carved up for a kept tensor (it must be oversize, so the setting must be at most the
 #   smallest scratch size);
 # * `expandable_segments:True` (PyTorch 2.1+): segments are reserved as virtual address ranges and
-#   grown page by page, so a new scratch buffer extends the last segment instead of needing a new
-#   contiguous one; freed pages at the end can be unmapped. It removes most of this fragmentation;
-#   the course's model does not simulate it.
+#   grown page by page, so a new scratch buffer extends the segment, merging with its free tail,
+#   instead of needing a new contiguous segment; `empty_cache` unmaps free pages anywhere in a
+#   segment. The model simulates it: the section after this exercise shows this trace fixed by it,
+#   which is why this exercise asks you for one of the other fixes.
 #
 # ### {{exercise fix_fragmentation}}: fix the fragmenting trace
 #
 # Write `fix_fragmentation(trace)` that takes a trace built by `fragmenting_trace(...)` (the
 # visible check uses the default one; the hidden checks use variants with other step counts and
 # sizes on the same 1 GiB GPU) and returns `(fixed_trace, alloc_conf)`: a trace that does the same
-# work, and a `PYTORCH_CUDA_ALLOC_CONF` string (`""` for none, or e.g. `"max_split_size_mb:64"`).
-# "The same work" means: every `keep{k}` is allocated with its original size and stays alive to the
-# end, and every scratch buffer of the original has a scratch buffer (an id starting with
-# `"scratch"`) at least as big somewhere in your trace. The checker replays your trace in the
+# work, and a `PYTORCH_CUDA_ALLOC_CONF` string (`""` for none, or e.g. `"max_split_size_mb:64"`; not
+# `expandable_segments`, which the next section is about). "The same work" means: every `keep{k}` is
+# allocated with its original size on its original stream and stays alive to the end, and every
+# scratch buffer of the original has a scratch buffer (an id starting with `"scratch"`) at least as
+# big, on the same stream, somewhere in your trace. The checker replays your trace in the
 # model on the 1 GiB GPU: it must not run out of memory.
 
 # %% [answer fix_fragmentation]
@@ -824,8 +830,64 @@ else:
           f"peak reserved {format_size(fixed_replay.peak_reserved)} (the original: OOM at event {frag_replay.oom['event_index']})")
     display(plot_memory_timeline(fixed_replay, capacity=FRAGMENTATION_CAPACITY, title="your fix on a 1 GiB GPU"))
 
+# %% [markdown]
+# ### Expandable segments
+#
+# The OOM message itself suggests a fix: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`. With it,
+# the allocator no longer `cudaMalloc`s one segment per request. It reserves one range of *virtual
+# addresses* per stream and pool, big enough for 1 1/8 times the GPU's memory
+# (`cuMemAddressReserve`: addresses, no memory), and puts physical memory under it in **pages**
+# (`cuMemCreate` + `cuMemMap`): 2 MiB pages for the small pool, 20 MiB for the large one. The free
+# blocks of the segment are searched by best fit as before. When none fits, instead of a new segment
+# it maps more pages at the lowest address where free and unmapped space together are big enough:
+# normally right after the last block, so the new pages **merge with the free tail** and the tail is
+# used, not stranded (`try_allocate_expandable_block` in `CUDACachingAllocator.cpp`).
+#
+# Three rules change with it:
+#
+# * **Splitting.** In the large pool any tail of at least 512 B is split off (`should_split`), as in
+#   the small pool: a tail is no longer stuck in a segment of its own, it sits next to the unmapped
+#   addresses the segment grows into.
+# * **Releasing.** `empty_cache` (and the OOM retry) unmaps every whole page under a free block,
+#   anywhere in the segment (`unmap_block`), instead of freeing only segments that are entirely free.
+#   A free gap between two live tensors goes back to the driver too, in whole pages.
+# * **Bookkeeping.** A mapped page adds to `reserved_bytes` but not to the `segment` count of
+#   `memory_stats()`; a snapshot shows one segment per contiguous mapped range, with
+#   `"is_expandable": True`; the device trace records `segment_map` and `segment_unmap` where
+#   cudaMalloc'd segments record `segment_alloc` and `segment_free`.
+#
+# The course's model implements it (`ptinternals.allocator.expandable`; its docstring lists where it
+# simplifies, e.g. no IPC). Here is `fragmenting_trace()` on the same 1 GiB GPU, replayed with and
+# without it. The numbers are taken at the OOM when there is one, else at the end: reserved and
+# allocated memory, segments as a snapshot lists them, and the largest cached free block (the
+# biggest request the cache can serve without asking the driver).
+
+# %%
+from ptinternals.allocator.workloads import fragmentation_numbers
+
+expandable = parse_alloc_conf("expandable_segments:True")
+for setting, config in [("(default)", None), ("expandable_segments:True", expandable)]:
+    n = fragmentation_numbers(frag, FRAGMENTATION_CAPACITY, config=config)
+    oom = f"OOM at event {n['oom_event']}" if n["oom_event"] is not None else "no OOM"
+    print(f"{setting:26s} {oom:16s} reserved {format_size(n['reserved']):>10}, allocated "
+          f"{format_size(n['allocated']):>10}, segments {n['segments']:2d}, largest free block "
+          f"{format_size(n['largest_free']):>10}")
+grown = replay(frag, FRAGMENTATION_CAPACITY, config=expandable)
+actions = [e["action"] for e in grown.allocator.snapshot()["device_traces"][0]]
+print("device trace:", {a: actions.count(a) for a in ("segment_alloc", "segment_map", "segment_unmap")})
+plot_segment_map(grown.allocator, title="fragmenting_trace() with expandable segments: one segment")
+
+# %% [markdown]
+# Without it, the kept tensors pin eleven segments and the largest free block (54 MiB) is smaller
+# than the next request; with it, everything lives in one segment that grew page by page, and the
+# freed scratch space is one free block that the next, bigger scratch buffer extends by mapping a
+# few more pages. The price: mapping is slower than `cudaMalloc` at first, and memory allocated this
+# way cannot be shared with other processes through CUDA IPC (a DataLoader worker's CUDA tensors).
+# *GPU*: `autograder/gpu_check.sh` records real training steps with expandable segments on and
+# checks that the model reproduces the real allocator's reserved memory and segments step by step.
+
 # %% [quiz]
-show_quiz("allocator", "q8", "q9", "q10")
+show_quiz("allocator", "q8", "q9", "q10", "q12")
 
 # %% [markdown]
 # ## 11. Predicting peak memory: your own caching allocator
@@ -1033,7 +1095,8 @@ else:
 #
 # * PyTorch `cudaMalloc`s big segments and carves tensors out of them as blocks; freed blocks stay
 #   cached. `memory_allocated()` counts blocks in use, `memory_reserved()` counts segments, and
-#   reserved memory only shrinks on `empty_cache()` or an OOM retry.
+#   reserved memory only shrinks on `empty_cache()` or an OOM retry (or, when you set it,
+#   `garbage_collection_threshold` under a memory fraction).
 # * Requests round up to 512 B; blocks of at most 1 MiB live in the small pool (2 MiB segments),
 #   others in the large pool (20 MiB segments below 10 MiB, own segments above).
 # * Best fit picks the smallest free block of the same stream; small blocks split off tails of
@@ -1045,7 +1108,8 @@ else:
 #   fragmentation.
 # * Fragmentation is free memory stuck in segments pinned by live blocks. Diagnose an OOM by
 #   allocated, then reserved-but-unallocated, then memory outside PyTorch; fix fragmentation by
-#   allocation order, preallocation, `max_split_size_mb` or `expandable_segments`.
+#   allocation order, preallocation, `max_split_size_mb` or `expandable_segments`, which grows one
+#   segment per stream by mapping pages, so free tails are used instead of stranded.
 # * `memory_stats()`, `memory_summary()`, snapshots and the memory_viz viewer show all of it.
 #
 # Next: {{chapter amp}} halves the bytes per activation with mixed precision, and shows what the

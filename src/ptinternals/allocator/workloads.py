@@ -68,6 +68,28 @@ def check_fragmentation_fix(
     }
 
 
+def fragmentation_numbers(trace: list, capacity: int = FRAGMENTATION_CAPACITY, config=None) -> dict:
+    """The numbers a segment map shows after replaying ``trace`` on a GPU of ``capacity`` bytes (at the
+    OOM, if it runs out): ``oom_event`` (or None), ``reserved``, ``allocated``, ``peak_reserved``,
+    ``segments`` (as a snapshot lists them: one per cudaMalloc, one per mapped range of an expandable
+    segment) and ``largest_free`` (the biggest cached free block: the biggest request served without
+    asking the driver)."""
+    from .trace import replay
+
+    r = replay(trace, capacity, config=config)
+    a = r.allocator
+    segments = a.segments()
+    free = [b.size for seg in segments for b in seg if not b.allocated and b.event_count == 0]
+    return {
+        "oom_event": None if r.oom is None else r.oom["event_index"],
+        "reserved": a.memory_reserved(),
+        "allocated": a.memory_allocated(),
+        "peak_reserved": a.max_memory_reserved(),
+        "segments": len(segments),
+        "largest_free": max(free, default=0),
+    }
+
+
 def fix_with_workspace(trace: list) -> tuple[list[tuple], str]:
     """The usual fix of a fragmenting trace: one preallocated scratch workspace, as big as the largest
     scratch buffer, that every step reuses. Returns ``(fixed_trace, alloc_conf)`` (no allocator setting).

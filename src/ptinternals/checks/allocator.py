@@ -1199,9 +1199,7 @@ class FixFragmentation(Exercise):
             config = parse_alloc_conf(conf)
         except (ValueError, TypeError) as e:
             return None, f"alloc_conf {conf!r} is not a valid PYTORCH_CUDA_ALLOC_CONF: {e}"
-        except NotImplementedError:  # expandable_segments: not modelled yet
-            config = None
-        if config is None or config.expandable_segments:
+        if config.expandable_segments:
             return None, ("alloc_conf: expandable_segments:True does fix this trace (the cell after this exercise "
                           "shows it), but this exercise asks for a fix of the allocations themselves or with "
                           "max_split_size_mb: leave expandable_segments out")
