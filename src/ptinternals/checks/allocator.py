@@ -317,7 +317,7 @@ class SizePlan(Exercise):
             return "return a triple (block_size, pool, segment_size), e.g. (512, 'small', 2097152)."
         rounded, pool, segment = expected
         if got[0] != rounded:
-            return "block_size is round_size(nbytes): use your round_size."
+            return "block_size is round_size(nbytes), not the request itself." if got[0] == case.args[0] else None
         if got[1] != pool:
             if rounded == kSmallSize and got[1] == "large":
                 return "the small pool takes rounded sizes up to AND including 1 MiB (kSmallSize)."
