@@ -24,9 +24,9 @@
 # **How this notebook works.** Run the cells in order. Each exercise has an *answer cell* (replace
 # `raise NotImplementedError()` with your code) followed by a *check cell* that gives instant
 # feedback. Only the code inside answer cells is graded; define any helper you need inside the same
-# answer cell. Later exercises may call your earlier answers (4.9 uses all of them). The grader runs
-# your code in a separate process without the course's reference model, on many more cases than
-# the visible ones. Every exercise is plain Python: no torch, no numpy. Quiz answers are recorded in
+# answer cell. Later exercises may call your earlier answers ({{exercise memory_timeline}} uses all
+# of them). The grader runs your code in a separate process without the course's reference model,
+# on many more cases than the visible ones. Every exercise is plain Python: no torch, no numpy. Quiz answers are recorded in
 # `allocator.answers.json` beside this notebook: **your first answer to each question counts**.
 
 # %% [setup]
@@ -815,7 +815,8 @@ check("allocator.fix_fragmentation", fix_fragmentation, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Your fix, replayed by the reference model on the 1 GiB GPU (once 4.8 is implemented):
+# Your fix, replayed by the reference model on the 1 GiB GPU (once {{exercise fix_fragmentation}} is
+# implemented):
 
 # %%
 from ptinternals.allocator import parse_alloc_conf
