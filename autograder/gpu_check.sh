@@ -15,6 +15,7 @@
 #   3. autograde  every chapter's solution notebook graded on the GPU through `ptgrade` (must be full marks)
 #   4. bench      kernels vs torch, AMP speed/memory ratios, allocator replay, capstone throughput
 #   5. allocator  record real allocator traces and check the model reproduces them step by step
+#                 (once as configured by default, once with expandable_segments:True)
 # Results: bench/results/gpu-check-<date>.{json,md} (+ the bench run's own files), copied to $OUT when
 # set (the device tool brings $OUT back). The short table is printed last.
 set -uo pipefail
@@ -148,10 +149,16 @@ else
 fi
 
 # ---- 5. allocator fidelity --------------------------------------------------------------------------------
+# The same with expandable segments (a fresh process: the setting must be in place before CUDA starts):
+# real segment_map/segment_unmap histories, replayed by the model's expandable segments.
 if [ "$dry_run" = 1 ]; then
   step allocator "$(budget 60)" "$py" -m ptinternals.allocator.recorder --help
+  step allocator-expandable "$(budget 60)" "$py" -c \
+    "from ptinternals.allocator import parse_alloc_conf; print(parse_alloc_conf('expandable_segments:True'))"
 else
   step allocator "$(budget 45)" "$py" -m ptinternals.allocator.recorder --out "$work/allocator"
+  step allocator-expandable "$(budget 45)" "$py" -m ptinternals.allocator.recorder \
+    --alloc-conf expandable_segments:True --out "$work/allocator-expandable"
 fi
 
 # ---- report ----------------------------------------------------------------------------------------------

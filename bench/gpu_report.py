@@ -7,7 +7,8 @@ Called by autograder/gpu_check.sh with the folder its steps wrote into:
     <work>/tests.xml            pytest's JUnit report of the GPU-marked tests
     <work>/reports/<student>/<assignment>.json   the trusted grader's report of each solution notebook
     <work>/bench/*.json         bench/run.py's results
-    <work>/allocator/*.json     the allocator fidelity recordings
+    <work>/allocator/*.json     the allocator fidelity recordings and fidelity_summary.json
+    <work>/allocator-expandable/  the same, recorded with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import validate as validate_bench  # noqa: E402
 
 SCHEMA_VERSION = 1
-STEPS = ("doctor", "tests", "autograde", "bench", "allocator")
+STEPS = ("doctor", "tests", "autograde", "bench", "allocator", "allocator-expandable")
 
 
 def _json(path: Path):
@@ -66,7 +67,9 @@ def collect(work: Path) -> dict:
     bench = None
     for path in sorted((work / "bench").glob("*.json")):
         bench = _json(path)
-    allocator = [_json(p) for p in sorted((work / "allocator").glob("*.json"))] if (work / "allocator").exists() else []
+    # the recorder's fidelity summaries: default settings, then expandable_segments:True
+    allocator = [_json(work / d / "fidelity_summary.json") for d in ("allocator", "allocator-expandable")
+                 if (work / d / "fidelity_summary.json").exists()]
     return {"steps": steps, "tests": tests, "autograde": autograde, "bench": bench,
             "allocator": [a for a in allocator if a is not None]}
 
@@ -108,8 +111,13 @@ def short_table(report: dict) -> str:
             rate = f"{m['tflops']:.1f} TFLOP/s" if m.get("tflops") else (f"{m['gbps']:.0f} GB/s" if m.get("gbps") else "")
             lines.append(f"bench {m['suite']:9s} {m['name'][:26]:26s} {m['dtype'][:8]:8s} {m['ms']:8.3f} ms {rate:>14s} {vs}{verdict}")
     for a in report.get("allocator", []):
-        if isinstance(a, dict) and "exact_match_steps" in a:
-            lines.append(f"allocator fidelity {a.get('name', '')}: {a['exact_match_steps']}/{a.get('steps')} steps exact")
+        conf = (a.get("alloc_conf") or "default settings") if isinstance(a, dict) else ""
+        for r in a.get("recordings", []) if isinstance(a, dict) else []:
+            lines.append(f"allocator fidelity {r.get('workload', '')} ({conf}): "
+                         f"{r.get('exact_match_steps')}/{r.get('steps')} steps exact")
+        for r in a.get("replays", []) if isinstance(a, dict) else []:
+            lines.append(f"allocator replay {r.get('trace', '')} ({conf}): {r.get('exact_match_events')}/"
+                         f"{r.get('compared')} events exact, OOM real {r.get('real_oom')} model {r.get('model_oom')}")
     return "\n".join(lines)
 
 

@@ -24,9 +24,9 @@
 # **How this notebook works.** Run the cells in order. Each exercise has an *answer cell* (replace
 # `raise NotImplementedError()` with your code) followed by a *check cell* that gives instant
 # feedback. Only the code inside answer cells is graded; define any helper you need inside the same
-# answer cell. Later exercises may call your earlier answers (4.9 uses all of them). The grader runs
-# your code in a separate process without the course's reference model, on many more cases than
-# the visible ones. Every exercise is plain Python: no torch, no numpy. Quiz answers are recorded in
+# answer cell. Later exercises may call your earlier answers ({{exercise memory_timeline}} uses all
+# of them). The grader runs your code in a separate process without the course's reference model,
+# on many more cases than the visible ones. Every exercise is plain Python: no torch, no numpy. Quiz answers are recorded in
 # `allocator.answers.json` beside this notebook: **your first answer to each question counts**.
 
 # %% [setup]
@@ -136,9 +136,13 @@ print(f"after free:   allocated {format_size(alloc.memory_allocated())}, reserve
 
 # %% [markdown]
 # Reserved memory "only grows": the allocator gives segments back to the driver only when you call
-# `torch.cuda.empty_cache()`, or when a `cudaMalloc` fails and it flushes its cache to retry. The
-# timeline of the three MLP steps shows it: allocated memory rises and falls with every step, and
-# reserved memory is a staircase that never comes down.
+# `torch.cuda.empty_cache()`, or when a `cudaMalloc` fails and it flushes its cache to retry. (One
+# setting adds a third occasion: with `PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8` and a
+# cap set by `torch.cuda.set_per_process_memory_fraction`, a `malloc` that needs a new segment first
+# frees the cached segments unused the longest whenever reserved memory is above 80% of the cap. It
+# is off by default, and the course's model does not simulate it.) The timeline of the three MLP
+# steps shows it: allocated memory rises and falls with every step, and reserved memory is a
+# staircase that never comes down.
 
 # %%
 plot_memory_timeline(mlp_replay, title="three MLP training steps, replayed in the model")
@@ -204,14 +208,13 @@ from ptinternals.allocator.scaffold import kMinBlockSize
 def round_size(nbytes, divisions=0):
     """The block size for a request of `nbytes` bytes (c10's round_size)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.sizes.round_request
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
     if nbytes < kMinBlockSize:
         return kMinBlockSize
     if divisions > 1 and nbytes > kMinBlockSize * divisions:
-        if nbytes & (nbytes - 1) == 0:  # a power of two is already on a step
-            return nbytes
-        power2_floor = 1 << (nbytes.bit_length() - 1)
+        power2_floor = 1 << (nbytes.bit_length() - 1)  # a power of two is its own floor: on a step already
         step = power2_floor // divisions  # [2^k, 2^(k+1)) in `divisions` equal steps
         return -(-nbytes // step) * step
     return -(-nbytes // kMinBlockSize) * kMinBlockSize
@@ -241,6 +244,7 @@ from ptinternals.allocator.scaffold import kLargeBuffer, kMinLargeAlloc, kRoundL
 def size_plan(nbytes):
     """(block_size, pool, segment_size) for a request of `nbytes` bytes."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.sizes.size_plan
     rounded = round_size(nbytes)
     if rounded <= kSmallSize:
         return rounded, "small", kSmallBuffer
@@ -308,7 +312,8 @@ plot_segment_map(alloc)
 # Write `find_best_fit(free_blocks, size, stream, max_split_size=SIZE_MAX)`. `free_blocks` is a
 # list of the pool's free blocks as `(stream, size, address)` tuples, in any order; `size` is a
 # rounded request. Return the tuple of the block `get_free_block` picks, or `None`. With the
-# default `max_split_size` (`SIZE_MAX`: no limit) the oversize rules never apply.
+# default `max_split_size` (`SIZE_MAX`: no limit) the oversize rules never apply. Leave the list
+# you are given as it is (sort a copy if you sort).
 
 # %% [answer find_best_fit]
 from ptinternals.allocator.scaffold import SIZE_MAX, kLargeBuffer
@@ -317,6 +322,7 @@ from ptinternals.allocator.scaffold import SIZE_MAX, kLargeBuffer
 def find_best_fit(free_blocks, size, stream, max_split_size=SIZE_MAX):
     """The (stream, size, address) free block that serves a rounded request, or None."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.policy.find_best_fit
     best = None
     for block in free_blocks:
         b_stream, b_size, b_address = block
@@ -346,6 +352,7 @@ check("allocator.find_best_fit", find_best_fit, hidden=True)
 # Write `should_split(block_size, size, pool, max_split_size=SIZE_MAX)`: whether the tail
 # `block_size - size` of the chosen block is split off (`pool` is `"small"` or `"large"`, `size`
 # is the rounded request). In the large pool, a request of `max_split_size` or more is never split.
+# A request bigger than its block is a bug in the caller: raise `ValueError`.
 
 # %% [answer should_split]
 from ptinternals.allocator.scaffold import SIZE_MAX, kMinBlockSize, kSmallSize
@@ -354,6 +361,9 @@ from ptinternals.allocator.scaffold import SIZE_MAX, kMinBlockSize, kSmallSize
 def should_split(block_size, size, pool, max_split_size=SIZE_MAX):
     """True when the unused tail of the chosen block becomes a free block of its own."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.policy.should_split
+    if size > block_size:
+        raise ValueError(f"size ({size}) must be <= block_size ({block_size})")
     remaining = block_size - size
     if pool == "small":
         return remaining >= kMinBlockSize
@@ -404,7 +414,8 @@ plot_segment_map(alloc, title="x and the hole merged; z and the tail remain")
 # `(address, size, state)` tuples in address order; free `blocks[index]` (allocated, or pending
 # whose wait is over) and return the segment's new block list: the freed block becomes inactive
 # and absorbs an inactive block just before it and/or just after it. Freeing a block that is
-# already inactive is a double free: raise `ValueError`. Do not modify the list you are given.
+# already inactive is a double free: raise `ValueError`; an index outside the list (negative ones
+# included) raises `IndexError`. Do not modify the list you are given.
 
 # %% [answer merge_free_neighbours]
 from ptinternals.allocator.scaffold import INACTIVE
@@ -413,7 +424,10 @@ from ptinternals.allocator.scaffold import INACTIVE
 def merge_free_neighbours(blocks, index):
     """Free blocks[index] and merge it with inactive neighbours; return the new block list."""
     ### BEGIN SOLUTION
-    address, size, state = blocks[index]
+    # twin: ptinternals.allocator.segment_ops.merge_free_neighbours
+    if index < 0:  # Python would read blocks[-1] as the last block
+        raise IndexError(f"index {index} is negative")
+    address, size, state = blocks[index]  # an index past the end raises IndexError here
     if state == INACTIVE:
         raise ValueError(f"blocks[{index}] is already free (double free)")
     first, last = index, index
@@ -533,7 +547,7 @@ print(f"after empty_cache:  reserved {format_size(alloc.memory_reserved())}, seg
 # `(address, size, state)` blocks. Return `(kept_segments, released_bytes)`: first free every
 # `"active_pending_free"` block (merging, with your `merge_free_neighbours`), then release every
 # segment that is a single inactive block; `kept_segments` lists the others (after the merges), in
-# their original order.
+# their original order. Leave `segments` as it is: build new lists.
 
 # %% [answer release_cached_segments]
 from ptinternals.allocator.scaffold import ACTIVE_PENDING_FREE, INACTIVE
@@ -542,6 +556,7 @@ from ptinternals.allocator.scaffold import ACTIVE_PENDING_FREE, INACTIVE
 def release_cached_segments(segments):
     """(kept_segments, released_bytes) of empty_cache over `segments`."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.segment_ops.release_cached_segments
     kept, released = [], 0
     for blocks in segments:
         blocks = list(blocks)
@@ -612,6 +627,7 @@ class Stat:
 
     def __init__(self):
         ### BEGIN SOLUTION
+        # twin: ptinternals.allocator.stats.Stat
         self.current = 0
         self.peak = 0
         self.allocated = 0
@@ -759,25 +775,28 @@ print(_memory_viz.segsum(frag_replay.allocator.snapshot()).split("Legend")[0])  
 #   cannot be carved up for a kept tensor (it must be oversize, so the setting must be at most the
 #   smallest scratch size);
 # * `expandable_segments:True` (PyTorch 2.1+): segments are reserved as virtual address ranges and
-#   grown page by page, so a new scratch buffer extends the last segment instead of needing a new
-#   contiguous one; freed pages at the end can be unmapped. It removes most of this fragmentation;
-#   the course's model does not simulate it.
+#   grown page by page, so a new scratch buffer extends the segment, merging with its free tail,
+#   instead of needing a new contiguous segment; `empty_cache` unmaps free pages anywhere in a
+#   segment. The model simulates it: the section after this exercise shows this trace fixed by it,
+#   which is why this exercise asks you for one of the other fixes.
 #
 # ### {{exercise fix_fragmentation}}: fix the fragmenting trace
 #
 # Write `fix_fragmentation(trace)` that takes a trace built by `fragmenting_trace(...)` (the
 # visible check uses the default one; the hidden checks use variants with other step counts and
 # sizes on the same 1 GiB GPU) and returns `(fixed_trace, alloc_conf)`: a trace that does the same
-# work, and a `PYTORCH_CUDA_ALLOC_CONF` string (`""` for none, or e.g. `"max_split_size_mb:64"`).
-# "The same work" means: every `keep{k}` is allocated with its original size and stays alive to the
-# end, and every scratch buffer of the original has a scratch buffer (an id starting with
-# `"scratch"`) at least as big somewhere in your trace. The checker replays your trace in the
+# work, and a `PYTORCH_CUDA_ALLOC_CONF` string (`""` for none, or e.g. `"max_split_size_mb:64"`; not
+# `expandable_segments`, which the next section is about). "The same work" means: every `keep{k}` is
+# allocated with its original size on its original stream and stays alive to the end, and every
+# scratch buffer of the original has a scratch buffer (an id starting with `"scratch"`) at least as
+# big, on the same stream, somewhere in your trace. The checker replays your trace in the
 # model on the 1 GiB GPU: it must not run out of memory.
 
 # %% [answer fix_fragmentation]
 def fix_fragmentation(trace):
     """(fixed_trace, alloc_conf): the same work as `trace`, without running out of memory on 1 GiB."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.workloads.fix_with_workspace
     scratch_sizes = [e[2] for e in trace if e[0] == "alloc" and str(e[1]).startswith("scratch")]
     fixed = [("alloc", "scratch", max(scratch_sizes), 0)]  # one workspace, big enough for every step
     for event in trace:
@@ -796,7 +815,8 @@ check("allocator.fix_fragmentation", fix_fragmentation, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Your fix, replayed by the reference model on the 1 GiB GPU (once 4.8 is implemented):
+# Your fix, replayed by the reference model on the 1 GiB GPU (once {{exercise fix_fragmentation}} is
+# implemented):
 
 # %%
 from ptinternals.allocator import parse_alloc_conf
@@ -811,8 +831,64 @@ else:
           f"peak reserved {format_size(fixed_replay.peak_reserved)} (the original: OOM at event {frag_replay.oom['event_index']})")
     display(plot_memory_timeline(fixed_replay, capacity=FRAGMENTATION_CAPACITY, title="your fix on a 1 GiB GPU"))
 
+# %% [markdown]
+# ### Expandable segments
+#
+# The OOM message itself suggests a fix: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`. With it,
+# the allocator no longer `cudaMalloc`s one segment per request. It reserves one range of *virtual
+# addresses* per stream and pool, big enough for 1 1/8 times the GPU's memory
+# (`cuMemAddressReserve`: addresses, no memory), and puts physical memory under it in **pages**
+# (`cuMemCreate` + `cuMemMap`): 2 MiB pages for the small pool, 20 MiB for the large one. The free
+# blocks of the segment are searched by best fit as before. When none fits, instead of a new segment
+# it maps more pages at the lowest address where free and unmapped space together are big enough:
+# normally right after the last block, so the new pages **merge with the free tail** and the tail is
+# used, not stranded (`try_allocate_expandable_block` in `CUDACachingAllocator.cpp`).
+#
+# Three rules change with it:
+#
+# * **Splitting.** In the large pool any tail of at least 512 B is split off (`should_split`), as in
+#   the small pool: a tail is no longer stuck in a segment of its own, it sits next to the unmapped
+#   addresses the segment grows into.
+# * **Releasing.** `empty_cache` (and the OOM retry) unmaps every whole page under a free block,
+#   anywhere in the segment (`unmap_block`), instead of freeing only segments that are entirely free.
+#   A free gap between two live tensors goes back to the driver too, in whole pages.
+# * **Bookkeeping.** A mapped page adds to `reserved_bytes` but not to the `segment` count of
+#   `memory_stats()`; a snapshot shows one segment per contiguous mapped range, with
+#   `"is_expandable": True`; the device trace records `segment_map` and `segment_unmap` where
+#   cudaMalloc'd segments record `segment_alloc` and `segment_free`.
+#
+# The course's model implements it (`ptinternals.allocator.expandable`; its docstring lists where it
+# simplifies, e.g. no IPC). Here is `fragmenting_trace()` on the same 1 GiB GPU, replayed with and
+# without it. The numbers are taken at the OOM when there is one, else at the end: reserved and
+# allocated memory, segments as a snapshot lists them, and the largest cached free block (the
+# biggest request the cache can serve without asking the driver).
+
+# %%
+from ptinternals.allocator.workloads import fragmentation_numbers
+
+expandable = parse_alloc_conf("expandable_segments:True")
+for setting, config in [("(default)", None), ("expandable_segments:True", expandable)]:
+    n = fragmentation_numbers(frag, FRAGMENTATION_CAPACITY, config=config)
+    oom = f"OOM at event {n['oom_event']}" if n["oom_event"] is not None else "no OOM"
+    print(f"{setting:26s} {oom:16s} reserved {format_size(n['reserved']):>10}, allocated "
+          f"{format_size(n['allocated']):>10}, segments {n['segments']:2d}, largest free block "
+          f"{format_size(n['largest_free']):>10}")
+grown = replay(frag, FRAGMENTATION_CAPACITY, config=expandable)
+actions = [e["action"] for e in grown.allocator.snapshot()["device_traces"][0]]
+print("device trace:", {a: actions.count(a) for a in ("segment_alloc", "segment_map", "segment_unmap")})
+plot_segment_map(grown.allocator, title="fragmenting_trace() with expandable segments: one segment")
+
+# %% [markdown]
+# Without it, the kept tensors pin eleven segments and the largest free block (54 MiB) is smaller
+# than the next request; with it, everything lives in one segment that grew page by page, and the
+# freed scratch space is one free block that the next, bigger scratch buffer extends by mapping a
+# few more pages. The price: mapping is slower than `cudaMalloc` at first, and memory allocated this
+# way cannot be shared with other processes through CUDA IPC (a DataLoader worker's CUDA tensors).
+# *GPU*: `autograder/gpu_check.sh` records real training steps with expandable segments on and
+# checks that the model reproduces the real allocator's reserved memory and segments step by step.
+
 # %% [quiz]
-show_quiz("allocator", "q8", "q9", "q10")
+show_quiz("allocator", "q8", "q9", "q10", "q12")
 
 # %% [markdown]
 # ## 11. Predicting peak memory: your own caching allocator
@@ -856,6 +932,7 @@ from ptinternals.allocator.scaffold import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
 def memory_timeline(trace):
     """[(allocated_bytes, active_bytes, reserved_bytes) after each event of `trace`]."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.allocator.trace.memory_timeline
     device = DeviceMemory()
     segments = []  # every live Segment, in the order they were cudaMalloc'd
     where = {}  # id -> (Segment, address) of its block; None for a 0-byte tensor
@@ -899,8 +976,7 @@ def memory_timeline(trace):
                     block_size = segment_size
                 else:
                     _, block_size, address = best
-                    segment = next(s for s in segments if s.pool == pool and s.stream == stream
-                                   and any(b[0] == address for b in s.blocks))
+                    segment = next(s for s in segments if any(b[0] == address for b in s.blocks))
                 i = block_index(segment, address)
                 if should_split(block_size, rounded, pool):
                     pieces = [(address, rounded, ACTIVE_ALLOCATED), (address + rounded, block_size - rounded, INACTIVE)]
@@ -1020,7 +1096,8 @@ else:
 #
 # * PyTorch `cudaMalloc`s big segments and carves tensors out of them as blocks; freed blocks stay
 #   cached. `memory_allocated()` counts blocks in use, `memory_reserved()` counts segments, and
-#   reserved memory only shrinks on `empty_cache()` or an OOM retry.
+#   reserved memory only shrinks on `empty_cache()` or an OOM retry (or, when you set it,
+#   `garbage_collection_threshold` under a memory fraction).
 # * Requests round up to 512 B; blocks of at most 1 MiB live in the small pool (2 MiB segments),
 #   others in the large pool (20 MiB segments below 10 MiB, own segments above).
 # * Best fit picks the smallest free block of the same stream; small blocks split off tails of
@@ -1032,7 +1109,8 @@ else:
 #   fragmentation.
 # * Fragmentation is free memory stuck in segments pinned by live blocks. Diagnose an OOM by
 #   allocated, then reserved-but-unallocated, then memory outside PyTorch; fix fragmentation by
-#   allocation order, preallocation, `max_split_size_mb` or `expandable_segments`.
+#   allocation order, preallocation, `max_split_size_mb` or `expandable_segments`, which grows one
+#   segment per stream by mapping pages, so free tails are used instead of stranded.
 # * `memory_stats()`, `memory_summary()`, snapshots and the memory_viz viewer show all of it.
 #
 # Next: {{chapter amp}} halves the bytes per activation with mixed precision, and shows what the

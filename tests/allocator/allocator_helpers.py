@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from ptinternals.allocator import CachingAllocator, GiB
+from ptinternals.allocator import CachingAllocator, GiB, parse_alloc_conf
 from ptinternals.allocator.recorder import RECORDING_FORMAT
 from ptinternals.allocator.trace import replay
 
 
 def fake_recording(
-    prelude: list, steps: list[list], *, capacity: int = 8 * GiB
+    prelude: list, steps: list[list], *, capacity: int = 8 * GiB, alloc_conf: str = ""
 ) -> tuple[dict, CachingAllocator]:
     """Run ``prelude`` (before recording starts), then each step's events, in a model allocator, and
     package what a GPU run would give: a recording in the format of ``record_trace_on_gpu``."""
-    alloc = CachingAllocator(capacity)
+    alloc = CachingAllocator(capacity, config=parse_alloc_conf(alloc_conf))
     replay(prelude, allocator=alloc)
     alloc.reset_peak_stats()
     initial = alloc.snapshot()["segments"]
@@ -40,7 +40,7 @@ def fake_recording(
         "device_name": "model",
         "total_memory": capacity,
         "free_at_start": free_at_start,
-        "alloc_conf": "",
+        "alloc_conf": alloc_conf,
         "allocator_settings": None,
         "initial_segments": initial,
         "device_trace": [dict(e) for e in alloc.device_trace],

@@ -273,7 +273,7 @@ def test_constructor_errors():
         CachingAllocator(10, config={"max_split_size": 1})
     with pytest.raises(ValueError, match="max_split_size"):
         AllocatorConfig(max_split_size=10 * MiB)
-    with pytest.raises(NotImplementedError, match="expandable"):
-        AllocatorConfig(expandable_segments=True)
+    with pytest.raises(TypeError, match="expandable_segments"):
+        AllocatorConfig(expandable_segments="yes")
     with pytest.raises(ValueError, match="fraction"):
         fresh(memory_fraction=1.5)

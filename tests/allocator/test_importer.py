@@ -67,8 +67,6 @@ def test_empty_cache_and_errors_in_translation():
     assert trace_from_device_trace(e).trace[-1] == ("empty_cache",)
     with pytest.raises(ValueError, match="never allocated"):
         trace_from_device_trace([{"action": "free_requested", "addr": 5, "size": 1, "stream": 0}])
-    with pytest.raises(NotImplementedError, match="expandable"):
-        trace_from_device_trace([{"action": "segment_map", "addr": 5, "size": 1, "stream": 0}])
     with pytest.raises(ValueError, match="action"):
         trace_from_device_trace([{"addr": 1}])
     with pytest.raises(ValueError, match="record_trace_on_gpu"):
@@ -130,8 +128,10 @@ def test_alloc_conf_round_trip():
     ]:
         with pytest.raises(ValueError, match=word):
             parse_alloc_conf(bad)
-    with pytest.raises(NotImplementedError):
-        parse_alloc_conf("expandable_segments:True")
+    expandable = parse_alloc_conf("expandable_segments:True,max_split_size_mb:64")
+    assert expandable.expandable_segments and parse_alloc_conf(to_alloc_conf(expandable)) == expandable
+    assert parse_alloc_conf("expandable_segments:true").expandable_segments  # spelled as torch's docs do
+    assert expandable.to_settings()["expandable_segments"] is True
 
 
 def test_oom_numbers_parse_a_real_message():

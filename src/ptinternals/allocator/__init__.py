@@ -12,10 +12,11 @@ Modules (each names the C++ it mirrors):
     block        Block, BlockPool (the std::set ordered by stream, size, address)
     device       DeviceMemory: the simulated cudaMalloc / cudaFree
     allocator    CachingAllocator (DeviceCachingAllocator) and OutOfMemoryError
+    expandable   expandable segments: ExpandableSegment and the methods that map and unmap its pages
     snapshot     torch.cuda.memory._snapshot() format, out and back in (restore_segments)
     trace        the trace format, replay(), fits(), (f) predict_peak_reserved
-    workloads    (e) fragmenting_trace + check_fragmentation_fix, synthetic and random traces,
-                 trace_allocations (record a PyTorch function's allocations on the CPU)
+    workloads    (e) fragmenting_trace + check_fragmentation_fix, fragmentation_numbers, synthetic and
+                 random traces, trace_allocations (record a PyTorch function's allocations on the CPU)
     importer     recorded GPU device traces -> model traces
     recorder     GPU only: record_trace_on_gpu, compare_fidelity, replay_on_gpu, compare_replay
                  (``python -m ptinternals.allocator.recorder --out DIR`` runs the fidelity check)

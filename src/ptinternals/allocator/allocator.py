@@ -5,8 +5,10 @@ method: ``malloc`` (``get_free_block`` -> ``alloc_block`` -> ``release_available
 ``release_cached_blocks`` -> OOM), ``alloc_found_block`` (splitting), ``free`` / ``free_block`` /
 ``try_merge_blocks`` (coalescing), ``recordStream`` / ``insert_events`` / ``process_events``
 (per-stream reuse), ``emptyCache`` / ``release_blocks`` / ``release_block``, and the statistics of
-``torch.cuda.memory_stats()``. Not modelled: expandable segments, CUDA-graph private pools, the
-garbage-collection threshold, free-memory callbacks.
+``torch.cuda.memory_stats()``; with ``expandable_segments`` the segments that grow by mapping pages
+(``expandable.py``). Not modelled: CUDA-graph private pools, the garbage-collection threshold (which
+frees cached segments before a cudaMalloc once reserved memory passes a fraction of
+``set_per_process_memory_fraction``), free-memory callbacks.
 
 Why it exists: cudaMalloc and cudaFree are slow and synchronize the device, so PyTorch asks the
 driver for big *segments* once and carves tensors out of them itself. Freed blocks stay cached
@@ -29,6 +31,7 @@ from collections import deque
 from .block import Block, BlockPool
 from .config import DEFAULT_CONFIG, SIZE_MAX, AllocatorConfig, GiB, format_size
 from .device import DeviceMemory
+from .expandable import ExpandableSegments
 from .policy import oversize_allows
 from .policy import should_split as _should_split
 from .sizes import get_allocation_size, is_small, round_size
@@ -68,7 +71,7 @@ def _check_stream(stream: object, name: str = "stream") -> int:
     return stream
 
 
-class CachingAllocator:
+class CachingAllocator(ExpandableSegments):
     """``DeviceCachingAllocator`` for one simulated GPU.
 
     ``capacity``: device memory in bytes (or pass ``device=DeviceMemory(...)``). ``config``: the
@@ -103,6 +106,7 @@ class CachingAllocator:
         self.private_pools: dict[tuple, BlockPool] = {}
         self.stats = DeviceStats(self.config.max_split_size)
         self.total_allocated_memory = 0  # bytes of all segments (== reserved_bytes.all.current)
+        self.expandable_segments: list = []  # every live ExpandableSegment (expandable_segments:True)
         self.allowed_memory_maximum: int | None = None
         if memory_fraction is not None:
             self.set_memory_fraction(memory_fraction)
@@ -156,6 +160,7 @@ class CachingAllocator:
             size,
             "small" if pool.is_small else "large",
             max_split_size=self.config.max_split_size,
+            expandable_segments=self.config.expandable_segments,
         )
         return self._alloc_found_block(block, size, orig_size, stream, split)
 
@@ -238,15 +243,16 @@ class CachingAllocator:
         return make_snapshot(self)
 
     def segments(self) -> list[list[Block]]:
-        """Every segment as its list of blocks in address order, segments sorted by address."""
+        """Every segment as its list of blocks in address order, segments sorted by address. An expandable
+        segment shows as one segment per contiguous mapped range, as in ``snapshot()``."""
         blocks = list(self.small_blocks) + list(self.large_blocks) + list(self.active_blocks)
         for pool in self.private_pools.values():
             blocks += list(pool)
-        heads = sorted((b for b in blocks if b.prev is None), key=lambda b: b.ptr)
+        heads = sorted((b for b in blocks if b.prev is None or not b.prev.mapped), key=lambda b: b.ptr)
         out = []
         for head in heads:
             seg, b = [], head
-            while b is not None:
+            while b is not None and b.mapped:
                 seg.append(b)
                 b = b.next
             out.append(seg)
@@ -263,6 +269,16 @@ class CachingAllocator:
         block = pool.at(i)
         if block.stream != stream:
             return None
+        if block.expandable_segment is not None:
+            # best fit counts an expandable block by the size it can grow to (plus the unmapped range
+            # after it): among big-enough blocks, take one that could grow less, if there is one
+            def growable(b: Block) -> int:
+                return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+
+            while (block.expandable_segment is not None and i + 1 < len(pool) and pool.at(i + 1).stream == stream
+                   and growable(pool.at(i + 1)) < growable(block)):
+                i += 1
+                block = pool.at(i)
         if not oversize_allows(
             block.size,
             size,
@@ -284,6 +300,8 @@ class CachingAllocator:
             and self.total_allocated_memory + alloc_size > self.allowed_memory_maximum
         ):
             return None
+        if self.config.expandable_segments:  # map pages in an expandable segment instead of cudaMalloc
+            return self._try_allocate_expandable_block(pool, size, stream)
         ptr = self.device.malloc(alloc_size)
         if ptr is None:  # cudaErrorMemoryAllocation
             return None
@@ -309,6 +327,7 @@ class CachingAllocator:
         if split:
             remaining = block  # keeps the tail [ptr + size, ptr + old size)
             block = Block(stream, size, remaining.ptr, pool, remaining.segment_counter)
+            block.expandable_segment = remaining.expandable_segment
             block.prev = remaining.prev
             if block.prev is not None:
                 block.prev.next = block
@@ -317,12 +336,14 @@ class CachingAllocator:
             remaining.ptr += size
             remaining.size -= size
             pool.insert(remaining)
-            if already_split:  # an inactive split block shrinks by `size`
+            if block.expandable_segment is not None:  # expandable blocks never count as inactive_split
+                pass
+            elif already_split:  # an inactive split block shrinks by `size`
                 self.stats.decrease("inactive_split_bytes", pool.name, block.size)
             else:  # a new inactive split block (the tail) appears
                 self.stats.increase("inactive_split_bytes", pool.name, remaining.size)
                 self.stats.increase("inactive_split", pool.name, 1)
-        elif already_split:  # an inactive split block becomes active whole
+        elif already_split and block.expandable_segment is None:  # an inactive split block becomes active whole
             self.stats.decrease("inactive_split_bytes", pool.name, block.size)
             self.stats.decrease("inactive_split", pool.name, 1)
         block.allocated = True
@@ -356,6 +377,8 @@ class CachingAllocator:
             net_blocks += 1
             net_bytes += block.size
         for name, delta in (("inactive_split", net_blocks), ("inactive_split_bytes", net_bytes)):
+            if block.expandable_segment is not None:  # (its free pages can always be unmapped)
+                break
             if delta > 0:
                 self.stats.increase(name, pool.name, delta)
             elif delta < 0:
@@ -366,9 +389,12 @@ class CachingAllocator:
 
     def _try_merge_blocks(self, dst: Block, src: Block | None, pool: BlockPool) -> int:
         """``try_merge_blocks``: absorb ``src`` into ``dst`` if it is free; returns bytes absorbed."""
-        if src is None or src.allocated or src.event_count > 0 or src.stream_uses:
+        if src is None or src.allocated or src.event_count > 0 or src.stream_uses or src.mapped != dst.mapped:
             return 0
-        pool.remove(src)  # src is free, so it sits in the pool under its current key
+        if src.mapped:  # src is free, so it sits in the pool under its current key
+            pool.remove(src)
+        else:
+            pool.unmapped.remove(src)
         if dst.prev is src:  # [src dst]
             dst.ptr = src.ptr
             dst.prev = src.prev
@@ -384,7 +410,7 @@ class CachingAllocator:
     def _release_available_cached_blocks(self, pool: BlockPool, size: int, stream: int) -> bool:
         """``release_available_cached_blocks``: free oversize cached blocks, just enough for ``size``."""
         max_split = self.config.max_split_size
-        if max_split == SIZE_MAX:
+        if max_split == SIZE_MAX or self.config.expandable_segments:  # (expandable: see expandable.py)
             return False
         key_size = max(size, max_split)
         i = pool.lower_bound(stream, key_size)
@@ -412,10 +438,17 @@ class CachingAllocator:
     def _release_cached_blocks(self) -> bool:
         """``release_cached_blocks``: wait for all events, then cudaFree every whole free segment."""
         self._synchronize_and_free_events()
-        for pool in (self.large_blocks, self.small_blocks):
+        for pool in (self.large_blocks, self.small_blocks):  # release_blocks
+            to_unmap = []
             for block in pool:  # iterates over a copy in (stream, size, address) order
-                if block.prev is None and block.next is None:
+                if block.expandable_segment is not None:
+                    to_unmap.append(block)
+                elif block.prev is None and block.next is None:
                     self._release_block(block)
+            for block in to_unmap:  # unmap the whole pages under every free expandable block
+                self._unmap_block(block)
+                if block.prev is None and block.next is None:
+                    self._release_expandable_segment(block)
         return True
 
     def _release_block(self, block: Block) -> None:

@@ -51,7 +51,8 @@ class AllocatorConfig:
     - ``block_order``: tie-break between free blocks of equal size. ``"address"`` is PyTorch up
       to 2.12 (``BlockComparatorSize``: stream, size, address); ``"segment_counter"`` is the
       allocation-order counter of pytorch/pytorch#183591 (stream, size, counter, address).
-    - ``expandable_segments`` is accepted for completeness but not modelled (raises).
+    - ``expandable_segments``: segments are reserved address ranges that grow by mapping pages
+      (``expandable.py``), and the large pool splits off any tail of 512 B or more.
     """
 
     max_split_size: int = SIZE_MAX
@@ -78,10 +79,8 @@ class AllocatorConfig:
             if isinstance(d, bool) or not isinstance(d, int) or d < 0 or (d & (d - 1)) != 0:
                 raise ValueError(f"roundup_power2_divisions[{i}] must be 0 or a power of two, got {d!r}")
         object.__setattr__(self, "roundup_power2_divisions", divs)
-        if self.expandable_segments:
-            raise NotImplementedError(
-                "expandable_segments=True is not modelled (only the cudaMalloc-per-segment allocator is)"
-            )
+        if not isinstance(self.expandable_segments, bool):
+            raise TypeError(f"expandable_segments must be a bool, got {type(self.expandable_segments).__name__}")
         if self.block_order not in _BLOCK_ORDERS:
             raise ValueError(f"block_order must be one of {_BLOCK_ORDERS}, got {self.block_order!r}")
 
@@ -100,7 +99,7 @@ class AllocatorConfig:
             "PYTORCH_CUDA_ALLOC_CONF": to_alloc_conf(self),
             "max_split_size": -1 if self.max_split_size == SIZE_MAX else self.max_split_size,
             "garbage_collection_threshold": 0.0,
-            "expandable_segments": False,
+            "expandable_segments": self.expandable_segments,
             "roundup_power2_divisions": roundup,
         }
 
@@ -113,7 +112,7 @@ def parse_alloc_conf(conf: str) -> AllocatorConfig:
 
     ``"max_split_size_mb:128,roundup_power2_divisions:[256:4,>:8]"`` -> AllocatorConfig. Options the
     model does not simulate (garbage_collection_threshold, pinned_*, release_lock_on_cudamalloc,
-    backend:native) are accepted and ignored; ``expandable_segments:True`` raises.
+    large_segment_size_mb, backend:native) are accepted and ignored.
     """
     if not isinstance(conf, str):
         raise TypeError(f"conf must be a str, got {type(conf).__name__}")
@@ -185,9 +184,9 @@ def parse_alloc_conf(conf: str) -> AllocatorConfig:
             kw["roundup_power2_divisions"] = tuple(divs)
         elif key == "expandable_segments":
             v = value(i, key)
-            if v not in ("True", "False"):
+            if v not in ("True", "False", "true", "false"):
                 raise ValueError(f"conf: expandable_segments must be True or False, got {v!r}")
-            kw["expandable_segments"] = v == "True"
+            kw["expandable_segments"] = v in ("True", "true")
         elif key in (
             "garbage_collection_threshold",
             "backend",
@@ -217,6 +216,8 @@ def to_alloc_conf(config: AllocatorConfig) -> str:
     if any(config.roundup_power2_divisions):
         items = ",".join(f"{1 << i}:{d}" for i, d in enumerate(config.roundup_power2_divisions))
         parts.append(f"roundup_power2_divisions:[{items}]")
+    if config.expandable_segments:
+        parts.append("expandable_segments:True")
     return ",".join(parts)
 
 

@@ -14,6 +14,11 @@ addresses (the allocator breaks ties between equal-size free blocks by address),
 
 The exercises of the allocator chapter use it too (it is importable while grading, see ``scaffold``), so a
 student's allocator gets exactly the addresses the reference model gets.
+
+Expandable segments use the driver's virtual memory API instead of cudaMalloc: ``reserve``
+(cuMemAddressReserve: an address range, no memory), ``create``/``release`` (cuMemCreate/cuMemRelease:
+physical memory, which cuMemMap puts under the range) and ``release_reservation`` (cuMemAddressFree).
+A reserved range takes addresses but no bytes; ``used`` counts physical memory only.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class DeviceMemory:
         non_pytorch_bytes: int = 0,
         base_address: int = DEFAULT_BASE_ADDRESS,
         address_oracle: Iterable[tuple[int, int]] | None = None,
+        reservation_oracle: Iterable[int] | None = None,
     ) -> None:
         for name, v, lo in (
             ("capacity", capacity, 1),
@@ -63,6 +69,8 @@ class DeviceMemory:
         if address_oracle is not None:
             for addr, size in address_oracle:
                 self._oracle[size].append(addr)
+        self._reservations: set[int] = set()  # addresses of live cuMemAddressReserve ranges
+        self._reservation_oracle = list(reservation_oracle or ())  # recorded addresses inside reservations
 
     # -- what cudaMemGetInfo reports -------------------------------------------------------
     @property
@@ -101,18 +109,62 @@ class DeviceMemory:
 
     def free(self, address: int) -> int:
         """cudaFree; returns the bytes given back."""
-        size = self._live.pop(address, None)
+        size = self._live.get(address) if address not in self._reservations else None
         if size is None:
             raise ValueError(f"cudaFree of {address:#x}, which is not a live segment")
-        del self._starts[bisect_left(self._starts, address)]
+        self._drop(address)
         self.used -= size
         return size
 
+    # -- the virtual memory API of expandable segments ---------------------------------------
+    def reserve(self, size: int) -> int:
+        """cuMemAddressReserve: a range of ``size`` addresses and no memory; returns its start.
+
+        With a ``reservation_oracle`` (addresses recorded on a GPU, e.g. those of its segment_map
+        events), the first recorded address whose range is free is used, so a replay maps where the
+        GPU mapped.
+        """
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"size must be a positive int, got {size!r}")
+        addr = next((a for a in self._reservation_oracle if self._is_free_range(a, size)), None)
+        if addr is None:
+            addr = self._first_fit(size)
+        self._take(addr, size, physical=False)
+        self._reservations.add(addr)
+        return addr
+
+    def release_reservation(self, address: int) -> None:
+        """cuMemAddressFree: give a reserved range back (its memory must be released first)."""
+        if address not in self._reservations:
+            raise ValueError(f"cuMemAddressFree of {address:#x}, which is not a reserved range")
+        self._reservations.discard(address)
+        self._drop(address)
+
+    def create(self, size: int) -> bool:
+        """cuMemCreate: ``size`` bytes of physical memory, or False (CUDA_ERROR_OUT_OF_MEMORY)."""
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"size must be a positive int, got {size!r}")
+        if size > self.free_bytes:
+            return False
+        self.used += size
+        return True
+
+    def release(self, size: int) -> None:
+        """cuMemRelease: physical memory from ``create`` goes back to the driver."""
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= self.used:
+            raise ValueError(f"size must be a positive int <= the {self.used} bytes in use, got {size!r}")
+        self.used -= size
+
     # -- address space ---------------------------------------------------------------------
-    def _take(self, addr: int, size: int) -> None:
+    def _take(self, addr: int, size: int, *, physical: bool = True) -> None:
         self._live[addr] = size
         insort(self._starts, addr)
-        self.used += size
+        if physical:
+            self.used += size
+
+    def _drop(self, addr: int) -> None:
+        del self._live[addr]
+        del self._starts[bisect_left(self._starts, addr)]
 
     def _is_free_range(self, addr: int, size: int) -> bool:
         i = bisect_left(self._starts, addr)

@@ -19,6 +19,11 @@ The translation:
 - ``segment_alloc`` entries are not events (the model decides when to cudaMalloc) but their
   addresses feed the simulated driver (``DeviceMemory(address_oracle=...)``), so the model breaks
   ties between equal-size blocks on the same addresses as the GPU did.
+- With ``expandable_segments:True`` the GPU maps and unmaps pages instead: ``segment_map`` entries
+  are not events either (their addresses feed ``DeviceMemory(reservation_oracle=...)``, so each
+  expandable segment is reserved where the GPU reserved it), and ``segment_unmap`` entries belong to
+  the run of releases of ``release_cached_blocks`` (-> ("empty_cache",)). Replay such a trace with the
+  recording's config (``parse_alloc_conf("expandable_segments:True")``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class ImportedTrace:
 
     trace: list[tuple] = field(default_factory=list)
     segment_allocs: list[tuple[int, int]] = field(default_factory=list)  # (addr, size) per cudaMalloc
+    segment_maps: list[tuple[int, int]] = field(default_factory=list)  # (addr, size) per segment_map
     alloc_addrs: list[int] = field(default_factory=list)  # recorded address of each alloc, in order
     entry_to_event: list[int] = field(default_factory=list)  # entry i -> number of events before it
     initial_segments: list[dict] = field(default_factory=list)
@@ -62,7 +68,9 @@ class ImportedTrace:
         (e.g. the same trace with step markers inserted).
         """
         oracle = self.segment_allocs if use_recorded_addresses else None
-        device = DeviceMemory(capacity, non_pytorch_bytes=non_pytorch_bytes, address_oracle=oracle)
+        maps = [addr for addr, _ in self.segment_maps] if use_recorded_addresses else None
+        device = DeviceMemory(capacity, non_pytorch_bytes=non_pytorch_bytes, address_oracle=oracle,
+                              reservation_oracle=maps)
         allocator = CachingAllocator(config=config, device=device, device_index=self.device)
         restored = restore_segments(allocator, self.initial_segments, device=self.device)
         live = {initial_id(addr): blk for addr, blk in restored.live.items()}
@@ -150,25 +158,23 @@ def trace_from_device_trace(
             out.trace.append(("sync", pending.pop(addr)))
         elif act == "segment_alloc":
             out.segment_allocs.append((e["addr"], e["size"]))
-        elif act == "segment_free":
-            # a run of cudaFrees: empty_cache(), or the OOM-retry path of a malloc
+        elif act == "segment_map":
+            out.segment_maps.append((e["addr"], e["size"]))
+        elif act in ("segment_free", "segment_unmap"):
+            # a run of cudaFrees and unmaps: empty_cache(), or the OOM-retry path of a malloc
             # (release_cached_blocks: the same thing; release_available_cached_blocks: only some
             # oversize blocks). Replayed as empty_cache, which gives the same state in the first two cases.
             out.trace.append(("empty_cache",))
-            while i + 1 < n and entries[i + 1].get("action") == "segment_free":
+            while i + 1 < n and entries[i + 1].get("action") in ("segment_free", "segment_unmap"):
                 i += 1
                 out.entry_to_event.append(len(out.trace))
-            if i + 1 < n and entries[i + 1].get("action") == "segment_alloc":
+            if i + 1 < n and entries[i + 1].get("action") in ("segment_alloc", "segment_map"):
                 out.notes.append(
                     f"entries[{i}]: cudaFrees right before a cudaMalloc (empty_cache, or a "
                     "malloc's OOM-retry path), replayed as empty_cache"
                 )
         elif act == "oom":
             out.notes.append(f"entries[{i}]: OutOfMemoryError recorded (device_free={e.get('device_free')})")
-        elif act in ("segment_map", "segment_unmap"):
-            raise NotImplementedError(
-                f"entries[{i}]: {act!r} comes from expandable_segments, which the model does not simulate"
-            )
         elif act not in _IGNORED:
             out.notes.append(f"entries[{i}]: ignored action {act!r}")
         i += 1

@@ -14,6 +14,10 @@ Two checks of fidelity, both run by ``python -m ptinternals.allocator.recorder``
    Traces for this check should avoid record_stream: no kernels run, so on the GPU an event on an
    idle stream completes at once, while the model waits for an explicit ("sync", s).
 
+Both run under any ``PYTORCH_CUDA_ALLOC_CONF`` the model parses, e.g. ``--alloc-conf
+expandable_segments:True``, which records ``segment_map``/``segment_unmap`` entries and checks the
+model's expandable segments against the real ones (the model replays with the same settings).
+
 Only ``torch.cuda`` APIs present since torch 2.1 are used (the GPU machine runs torch 2.11).
 """
 
@@ -405,10 +409,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="directory for recordings (JSON) and the summary")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--workloads", nargs="*", default=sorted(WORKLOADS))
+    p.add_argument("--alloc-conf", default=None,
+                   help="PYTORCH_CUDA_ALLOC_CONF for this run, e.g. expandable_segments:True (set before CUDA starts)")
     args = p.parse_args(argv)
+    config = DEFAULT_CONFIG
+    if args.alloc_conf is not None:
+        config = parse_alloc_conf(args.alloc_conf)  # a setting the model cannot replay fails here, not later
+        if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+            raise RuntimeError("--alloc-conf must be set before CUDA starts: run the recorder in a fresh process")
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
     import torch
 
-    summary: dict = {"torch": torch.__version__, "recordings": [], "replays": []}
+    summary: dict = {"torch": torch.__version__, "alloc_conf": args.alloc_conf or "", "recordings": [], "replays": []}
     ok = True
     for name in args.workloads:
         rec = record_trace_on_gpu(name, steps=args.steps)
@@ -432,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for name, trace, fraction in cases:
         gpu = replay_on_gpu(trace, memory_fraction=fraction)
-        rep = compare_replay(trace, gpu, memory_fraction=fraction)
+        rep = compare_replay(trace, gpu, config=config, memory_fraction=fraction)
         ok &= rep["exact_match_events"] == rep["compared"] and rep["real_oom"] == rep["model_oom"]
         summary["replays"].append({"trace": name} | rep)
     text = json.dumps(summary, indent=1, default=str)

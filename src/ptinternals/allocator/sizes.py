@@ -72,6 +72,24 @@ def round_size(nbytes: int, config: AllocatorConfig | None = None) -> int:
     return kMinBlockSize * ((nbytes + kMinBlockSize - 1) // kMinBlockSize)
 
 
+def round_request(nbytes: int, divisions: int = 0) -> int:
+    """:func:`round_size` with one ``roundup_power2_divisions`` value for every size interval.
+
+    The exercise's signature (``round_size(nbytes, divisions=0)``): ``divisions`` 0 or 1 means plain
+    512 B rounding, otherwise a power of two, as ``roundup_power2_divisions:N`` sets for all sizes.
+    """
+    _check_size("divisions", divisions, minimum=0)
+    return round_size(nbytes, AllocatorConfig(roundup_power2_divisions=(divisions,) * 16))
+
+
+def size_plan(nbytes: int) -> tuple[int, str, int]:
+    """``(block_size, pool, segment_size)`` of a request: :func:`round_size`, ``get_pool`` and
+    :func:`get_allocation_size` in one call (the segment is what cudaMalloc gets when no cached
+    block fits). ``size_plan(1) == (512, "small", 2 MiB)``."""
+    rounded = round_size(nbytes)
+    return rounded, ("small" if is_small(rounded) else "large"), get_allocation_size(rounded)
+
+
 def is_small(rounded: int) -> bool:
     """Whether a rounded size belongs to the small pool (``get_pool``: size <= kSmallSize = 1 MiB)."""
     _check_size("rounded", rounded, minimum=1)

@@ -55,7 +55,7 @@ def make_snapshot(allocator: CachingAllocator) -> dict:
             "stream": head.stream,
             "segment_type": "small" if head.pool.is_small else "large",
             "segment_pool_id": head.pool.pool_id,
-            "is_expandable": False,
+            "is_expandable": head.expandable_segment is not None,
             "frames": [],
             "blocks": [],
         }

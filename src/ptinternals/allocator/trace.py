@@ -218,6 +218,13 @@ def fits(
     return replay(trace, capacity, config=config, memory_fraction=memory_fraction).oom is None
 
 
+def memory_timeline(trace: Sequence[Event]) -> list[tuple[int, int, int]]:
+    """``(allocated_bytes, active_bytes, reserved_bytes)`` after each event of ``trace``, replayed on an
+    ample GPU: what ``torch.cuda.memory_stats()`` would report after each step of the program."""
+    r = replay(trace, 1 << 50)  # 1 PiB: the question is the timeline, not an OOM
+    return list(zip(r.allocated_bytes, r.active_bytes, r.reserved_bytes, strict=True))
+
+
 def predict_peak_reserved(trace: Sequence[Event], config: AllocatorConfig | None = None) -> int:
     """Exercise (f), reference: the peak of ``torch.cuda.memory_reserved()`` while running ``trace``
     on an ample GPU (what ``torch.cuda.max_memory_reserved()`` reports afterwards)."""

@@ -27,26 +27,31 @@ def check_fragmentation_fix(
 
     ``original`` is the trace that was rewritten (default ``fragmenting_trace(steps)``). The work:
     every allocation of the original whose id does not start with "scratch" (the ``keep{k}``
-    tensors) is allocated with its original size and is live at the end; and for every scratch
-    allocation of the original, some scratch allocation (id starting with "scratch") of at least
-    its size exists at some point. Returns {"ok", "fits", "problems", "oom", "oom_event",
-    "peak_reserved"}.
+    tensors) is allocated with its original size on its original stream and is live at the end; and
+    for every scratch allocation of the original, some scratch allocation (id starting with
+    "scratch") of at least its size exists on the same stream at some point. Returns {"ok", "fits",
+    "problems", "oom", "oom_event", "oom_numbers", "peak_reserved"}; ``oom_numbers`` holds the
+    allocated and reserved bytes and the segment size that failed, at the OOM.
     """
     from .trace import replay, validate_trace
 
     events = validate_trace(fixed_trace)
     original = fragmenting_trace(steps) if original is None else validate_trace(original)
-    sizes = {e[1]: e[2] for e in original if e[0] == "alloc"}
     problems = []
-    allocs = {e[1]: e[2] for e in events if e[0] == "alloc"}
+    allocs = {e[1]: (e[2], e[3]) for e in events if e[0] == "alloc"}
     freed = {e[1] for e in events if e[0] == "free"}
-    scratch = [n for i, n in allocs.items() if str(i).startswith("scratch")]
-    for key, size in sizes.items():
+    scratch = [(n, s) for i, (n, s) in allocs.items() if str(i).startswith("scratch")]
+    for e in original:
+        if e[0] != "alloc":
+            continue
+        key, size, stream = e[1], e[2], e[3]
         if str(key).startswith("scratch"):
-            if not any(n >= size for n in scratch):
-                problems.append(f"no scratch buffer of >= {size} bytes (for {key})")
-        elif allocs.get(key) != size:
-            problems.append(f"{key} must be allocated with {size} bytes, got {allocs.get(key)}")
+            if not any(n >= size and s == stream for n, s in scratch):
+                problems.append(f"no scratch buffer of >= {size} bytes on stream {stream} (for {key})")
+        elif allocs.get(key) != (size, stream):
+            got = allocs.get(key)
+            problems.append(f"{key} must be allocated with {size} bytes on stream {stream}, got "
+                            f"{'nothing' if got is None else f'{got[0]} bytes on stream {got[1]}'}")
         elif key in freed:
             problems.append(f"{key} must stay live to the end (it is freed)")
     result = replay(events, capacity, config=config)
@@ -57,8 +62,50 @@ def check_fragmentation_fix(
         "problems": problems,
         "oom": None if fits_ else result.oom["message"],
         "oom_event": None if fits_ else result.oom["event_index"],
+        "oom_numbers": None if fits_ else {k: result.oom[k] for k in ("allocated_bytes", "reserved_bytes",
+                                                                      "alloc_size", "device_free")},
         "peak_reserved": result.peak_reserved,
     }
+
+
+def fragmentation_numbers(trace: list, capacity: int = FRAGMENTATION_CAPACITY, config=None) -> dict:
+    """The numbers a segment map shows after replaying ``trace`` on a GPU of ``capacity`` bytes (at the
+    OOM, if it runs out): ``oom_event`` (or None), ``reserved``, ``allocated``, ``peak_reserved``,
+    ``segments`` (as a snapshot lists them: one per cudaMalloc, one per mapped range of an expandable
+    segment) and ``largest_free`` (the biggest cached free block: the biggest request served without
+    asking the driver)."""
+    from .trace import replay
+
+    r = replay(trace, capacity, config=config)
+    a = r.allocator
+    segments = a.segments()
+    free = [b.size for seg in segments for b in seg if not b.allocated and b.event_count == 0]
+    return {
+        "oom_event": None if r.oom is None else r.oom["event_index"],
+        "reserved": a.memory_reserved(),
+        "allocated": a.memory_allocated(),
+        "peak_reserved": a.max_memory_reserved(),
+        "segments": len(segments),
+        "largest_free": max(free, default=0),
+    }
+
+
+def fix_with_workspace(trace: list) -> tuple[list[tuple], str]:
+    """The usual fix of a fragmenting trace: one preallocated scratch workspace, as big as the largest
+    scratch buffer, that every step reuses. Returns ``(fixed_trace, alloc_conf)`` (no allocator setting).
+
+    The workspace is allocated first, on the stream of the first scratch buffer, before any kept
+    tensor: nothing long-lived can be carved out of a freed scratch segment any more.
+    """
+    from .trace import validate_trace
+
+    events = validate_trace(trace)
+    scratch = [e for e in events if e[0] == "alloc" and str(e[1]).startswith("scratch")]
+    if not scratch:
+        raise ValueError("trace has no scratch allocation (an id starting with 'scratch') to replace")
+    workspace = ("alloc", "scratch", max(e[2] for e in scratch), scratch[0][3])
+    kept = [e for e in events if not (e[0] in ("alloc", "free") and str(e[1]).startswith("scratch"))]
+    return [workspace, *kept, ("free", "scratch")], ""
 
 
 def training_step_trace(

@@ -1,4 +1,5 @@
-"""The allocator chapter's probes (sandbox side): drive a student's class through a sequence of operations.
+"""The allocator chapter's probes (sandbox side): drive a student's class through a sequence of operations,
+and call a function while keeping an eye on its inputs.
 
 Only the standard library is used: the allocator chapter's exercises are graded without torch or numpy.
 """
@@ -25,3 +26,14 @@ def drive_stat(entry, ops):
             continue
         out.append(tuple(getattr(stat, field, None) for field in ("current", "peak", "allocated", "freed")))
     return out
+
+
+def call_keeping_inputs(entry, *args, **kwargs):
+    """``entry(*args, **kwargs)``, and the positional arguments as they are after the call.
+
+    Returns ``{"out": result, "inputs": [args...]}``: the checker compares the inputs with what it
+    passed, for functions that must not modify them. An exception propagates (the checker may
+    expect one).
+    """
+    out = entry(*args, **kwargs)
+    return {"out": out, "inputs": list(args)}
