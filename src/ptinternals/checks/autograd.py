@@ -191,7 +191,7 @@ class Unbroadcast(Exercise):
             Case((rand((1, 4), 4), (4,))), Case((rand((2, 300), 5), (300,))), Case((rand((0, 2), 6), (0, 1))),
             Case((rand((4, 3), 7, layout="transposed"), (4, 3))), Case((rand((3, 5), 8, layout="strided"), (1, 5))),
             Case((rand((3,), 9), (1, 3))), Case((rand((), 10), (1,))), Case((rand((2, 3), 11), (1, 1, 2, 3))),
-            Case((rand((2,), 12), (0,))), Case((rand((2, 3), 13), (2, 1))),
+            Case((rand((2,), 12), (0,))), Case((rand((2, 3), 13), (2, 1))), Case((rand((1, 2, 3), 16), (2, 1))),
             Case(((torch.rand(4, 5, dtype=F64, generator=torch.Generator().manual_seed(14)) * 2 - 1) * top, (1, 5))),
             Case((rand((4, 5), 15) * 1e-310, (5,))),
         ]
