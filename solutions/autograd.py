@@ -187,6 +187,7 @@ print("b.grad == (1 * a) summed over the broadcast dim:", torch.allclose(b.grad,
 def unbroadcast(grad, shape):
     """Sum grad down to `shape` (which broadcasts to grad.shape); ValueError if it does not."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.autograd.formulas.unbroadcast
     shape = tuple(shape)
     gshape = tuple(grad.shape)
     lead = len(gshape) - len(shape)
@@ -234,6 +235,7 @@ import torch
 
 def add_backward(grad, a_shape, b_shape):
     ### BEGIN SOLUTION
+    # twin backward_formula: ptinternals.autograd.formulas.backward_formula
     return unbroadcast(grad, a_shape), unbroadcast(grad, b_shape)
     ### END SOLUTION
 
@@ -382,6 +384,7 @@ from ptinternals.autograd.scaffold import gradient_edge, no_grad
 def backward(root, grad, retain_graph=False):
     """Accumulate d(root)/d(leaf), weighted by `grad`, into the .grad of every reachable leaf."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.autograd.engine.backward
     start, _ = gradient_edge(root)
     if start is None:
         return
@@ -691,6 +694,7 @@ class LogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim):
         ### BEGIN SOLUTION
+        # twin: ptinternals.autograd.functions.LogSumExp
         m = x.amax(dim=dim, keepdim=True)                        # (..., 1, ...)
         m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # a row of all -inf: avoid inf - inf
         out = (m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))).squeeze(dim)
@@ -739,6 +743,7 @@ class FakeQuantize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, zero_point, quant_min, quant_max):
         ### BEGIN SOLUTION
+        # twin: ptinternals.autograd.functions.FakeQuantize
         q = torch.round(x * (1.0 / scale)) + zero_point  # integer levels, stored as floats
         mask = (q >= quant_min) & (q <= quant_max)        # bool: N bytes, all backward needs
         ctx.save_for_backward(mask)
@@ -802,6 +807,7 @@ class FusedSwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b):
         ### BEGIN SOLUTION
+        # twin: ptinternals.autograd.functions.FusedSwiGLU
         ctx.save_for_backward(a, b)  # 2N values; sigmoid(a) and silu(a) are temporaries
         return a * torch.sigmoid(a) * b
         ### END SOLUTION
@@ -838,7 +844,15 @@ show_quiz("autograd", "q8")
 # calls `torch.autograd.backward` inside the running backward) and the newer `use_reentrant=False`
 # one, built on `saved_tensors_hooks` (pack returns a placeholder, the first unpack re-runs the
 # block). Both must replay **the same random numbers** (dropout masks): they save the RNG state in
-# forward and restore it for the recomputation.
+# forward and restore it for the recomputation, and not only the CPU's. Each device has its own
+# generator, and an op draws from the generator of the device its tensor lives on: dropout on a GPU
+# tensor draws from that GPU's CUDA generator, which `torch.get_rng_state()` neither reads nor
+# restores. So `torch.utils.checkpoint` saves the CPU state *and* the state of every CUDA device its
+# inputs live on (`get_device_states`), and restores all of them inside
+# `torch.random.fork_rng(devices=...)` (`set_device_states`), which puts every generator back after the
+# recomputation. A checkpoint that restores only the CPU generator is right on a laptop and silently
+# wrong on a GPU: the recomputed block draws fresh masks, and backward differentiates a different
+# network from the one forward ran.
 
 # %%
 import torch.utils.checkpoint as tuc
@@ -867,17 +881,20 @@ print("same gradient:", torch.allclose(g_plain, h0.grad))
 #
 # Write `checkpoint(fn, x)`: returns `fn(x)` but keeps at most one copy of `x` alive for backward,
 # re-running `fn` in backward. The cell suggests the reentrant design (you may use
-# `saved_tensors_hooks` instead): in `forward`, save the RNG state (`torch.get_rng_state()`), save
+# `saved_tensors_hooks` instead): in `forward`, save the RNG state of every device the block draws
+# from (`torch.get_rng_state()`, and `torch.cuda.get_rng_state(x.device)` when `x.is_cuda`), save
 # `x`, and run `fn` under `torch.no_grad()`; in `backward`, take a fresh leaf
-# `x.detach().requires_grad_(True)`, restore the RNG state for the recomputation without disturbing
-# the current one (`with torch.random.fork_rng(devices=[]): torch.set_rng_state(...)`), re-run `fn`
-# under `torch.enable_grad()`, call `torch.autograd.backward(out, grad_out)`, which also fills the
-# `.grad` of the parameters used inside `fn`, and return the input's gradient.
+# `x.detach().requires_grad_(True)`, restore those states for the recomputation without disturbing
+# the current ones (`with torch.random.fork_rng(devices=...)`: `torch.set_rng_state(...)` and
+# `torch.cuda.set_rng_state(state, device)`), re-run `fn` under `torch.enable_grad()`, call
+# `torch.autograd.backward(out, grad_out)`, which also fills the `.grad` of the parameters used inside
+# `fn`, and return the input's gradient.
 #
-# The checker wraps a tanh MLP block (with dropout in some cases), compares the output and the
-# gradients of `x` and of every weight with the block run plainly, and measures which activations
-# stay alive between forward and backward (at most the bytes of `x`). `torch.utils.checkpoint` is
-# unavailable here.
+# The checker wraps a tanh MLP block (with dropout in some cases, a frozen or a shared weight in
+# others), compares the output and the gradients of `x` and of every weight with the block run
+# plainly, and measures which activations stay alive between forward and backward (at most the bytes
+# of `x`). On a machine with a GPU it runs on the GPU, where dropout draws from the CUDA generator.
+# `torch.utils.checkpoint` is unavailable here.
 
 # %% [answer checkpoint]
 import torch
@@ -887,8 +904,13 @@ class CheckpointFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, x):
         ### BEGIN SOLUTION
+        # twin: ptinternals.autograd.checkpoint.checkpoint
         ctx.fn = fn
-        ctx.rng_state = torch.get_rng_state()  # so dropout draws the same mask again
+        # Every generator the block may draw from, so dropout draws the same masks again: the CPU's, and
+        # x's GPU's when x lives on one (dropout on a CUDA tensor draws from that device's generator).
+        ctx.devices = [x.device] if x.is_cuda else []
+        ctx.cpu_state = torch.get_rng_state()
+        ctx.cuda_states = [torch.cuda.get_rng_state(device) for device in ctx.devices]
         ctx.save_for_backward(x)
         with torch.no_grad():  # no graph: the block's activations are freed as it runs
             return fn(x)
@@ -899,8 +921,10 @@ class CheckpointFunction(torch.autograd.Function):
         ### BEGIN SOLUTION
         (x,) = ctx.saved_tensors
         x = x.detach().requires_grad_(True)
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(ctx.rng_state)
+        with torch.random.fork_rng(devices=ctx.devices):  # every generator is put back afterwards
+            torch.set_rng_state(ctx.cpu_state)
+            for device, state in zip(ctx.devices, ctx.cuda_states):
+                torch.cuda.set_rng_state(state, device)
             with torch.enable_grad():
                 out = ctx.fn(x)  # the recomputation: same ops, same random numbers
         torch.autograd.backward(out, grad_out)  # fills x.grad and the parameters' .grad
@@ -953,6 +977,7 @@ import torch
 def accumulate_grads(model, loss_fn, batch_x, batch_y, micro_batches):
     """Fill the parameters' .grad with the full-batch gradient, one micro-batch at a time."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.autograd.accumulation.accumulate_grads
     model.zero_grad(set_to_none=True)
     n = batch_x.shape[0]
     total = 0.0

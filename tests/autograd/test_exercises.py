@@ -8,9 +8,13 @@ import pytest
 import torch
 
 from ptinternals.grading import CheckFailure, check, load_chapter
-from ptinternals.grading.testing import namespace_with
+from ptinternals.grading.testing import likely_cause, namespace_with, rejects
+
+from .buggy import BUGGY, GPU_BUGGY
 
 CHAPTER = load_chapter("autograd")
+
+
 def test_hidden_cases_are_many_and_awkward():
     for ex in CHAPTER.exercises:
         assert len(ex.hidden_cases()) >= 20, ex.id
@@ -112,3 +116,87 @@ def test_use_formulas_restores_missing_entries_and_use_backward_nests():
             (x * 2.0).sum().backward()
         (x * 2.0).sum().backward()
     assert calls == ["inner", "outer"]
+
+
+# ---- checkpointing on a GPU: dropout draws from the CUDA generator (issue 17) ------------------------------
+GPU_BUGS = [(ex_id, name, src, expect) for ex_id, bugs in GPU_BUGGY.items() for name, (src, expect) in bugs.items()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ex_id, name, source, expect", GPU_BUGS, ids=[f"{b[0]}-{b[1]}" for b in GPU_BUGS])
+def test_gpu_only_bug_is_rejected_on_a_gpu(ex_id, name, source, expect):
+    failure = rejects(ex_id, source)
+    assert failure is not None, f"{ex_id}: the checker accepted {name!r} on the GPU"
+    assert "(ran on cuda" not in str(failure)
+    hint = likely_cause(failure)
+    assert hint is not None and expect in hint, str(failure)
+
+
+def test_gpu_only_bugs_pass_on_the_cpu():
+    """Why GPU_BUGGY exists: on the CPU, dropout draws from the CPU generator, which these bugs do restore."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU these bugs are rejected (test_gpu_only_bug_is_rejected_on_a_gpu)")
+    for ex_id, _name, source, _ in GPU_BUGS:
+        assert rejects(ex_id, source) is None
+
+
+def _dropout_block(device):
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(16, 16), torch.nn.Dropout(0.5)).double().to(device)
+    x = torch.randn(8, 16, dtype=torch.float64, device=device, requires_grad=True)
+    return block, x
+
+
+def _grads(block, x, run, seed=7):
+    block.zero_grad(set_to_none=True)
+    x.grad = None
+    torch.manual_seed(seed)
+    run(block, x).pow(2).sum().backward()
+    return [x.grad.clone()] + [p.grad.clone() for p in block.parameters()]
+
+
+def _checkpoints(source=None):
+    ns = namespace_with(CHAPTER.assignment, {"checkpoint_code": source} if source else None)
+    return ns["checkpoint"]
+
+
+@pytest.mark.gpu
+def test_checkpoint_with_dropout_on_a_cuda_input_matches_torch():
+    """The solution and the reference give torch.utils.checkpoint's gradients for dropout on a CUDA input (masks
+    from the CUDA generator); restoring only the CPU generator does not."""
+    import torch.utils.checkpoint as tuc
+
+    from ptinternals.autograd.checkpoint import checkpoint as reference
+
+    block, x = _dropout_block("cuda")
+    expected = _grads(block, x, lambda b, t: tuc.checkpoint(b, t, use_reentrant=True))
+    plain = _grads(block, x, lambda b, t: b(t))
+    for e, p in zip(expected, plain, strict=True):
+        torch.testing.assert_close(e, p)  # torch's checkpoint replays the CUDA masks
+    for run in (_checkpoints(), reference):
+        for g, e in zip(_grads(block, x, run), expected, strict=True):
+            torch.testing.assert_close(g, e)
+    cpu_only = _checkpoints(GPU_BUGGY["autograd.checkpoint"]["cpu_rng_only"][0])
+    assert not all(torch.allclose(g, e) for g, e in zip(_grads(block, x, cpu_only), expected, strict=True))
+
+
+@pytest.mark.gpu
+def test_checkpoint_is_graded_on_the_gpu_with_dropout():
+    ex = CHAPTER.exercise("autograd.checkpoint")
+    assert ex.gpu
+    cases, expected = ex.cases_and_expected(hidden=True)
+    assert any(c.args[3] > 0 and "cuda" in e for c, e in zip(cases, expected, strict=True))
+    check("autograd.checkpoint", namespace_with(CHAPTER.assignment)["checkpoint"], hidden=True)
+
+
+def test_checkpoint_on_the_cpu_matches_torch_utils_checkpoint():
+    """The same comparison on the CPU: the solution replays the CPU generator as torch's reentrant checkpoint does."""
+    import torch.utils.checkpoint as tuc
+
+    block, x = _dropout_block("cpu")
+    expected = _grads(block, x, lambda b, t: tuc.checkpoint(b, t, use_reentrant=True))
+    for g, e in zip(_grads(block, x, _checkpoints()), expected, strict=True):
+        torch.testing.assert_close(g, e)
+    unrestored = _checkpoints(BUGGY["autograd.checkpoint"]["no_rng_restore"][0])
+    assert not all(torch.allclose(g, e) for g, e in zip(_grads(block, x, unrestored), expected, strict=True))

@@ -14,7 +14,10 @@ Mirrors torch/utils/checkpoint.py, both designs:
   The graph is the ordinary one, so ``autograd.grad`` and parameter-only gradients just work.
 
 Both restore the RNG state of the forward before recomputing (``preserve_rng_state``): a dropout
-mask drawn again must be the same mask. Memory: a block of L layers of width H on a batch B keeps
+mask drawn again must be the same mask. Every device has its own generator and an op draws from the
+one of the device its tensor is on (dropout on a GPU tensor: the CUDA generator), so the state saved
+is the CPU's plus that of each CUDA device an input lives on, restored inside
+``torch.random.fork_rng(devices=...)`` (torch's ``get_device_states``/``set_device_states``). Memory: a block of L layers of width H on a batch B keeps
 ``B*H*4`` bytes (its float32 input) instead of about ``2*L*B*H*4`` (each layer's matmul input and
 activation output); the cost is one extra forward of the block.
 """

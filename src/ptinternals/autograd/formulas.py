@@ -205,3 +205,12 @@ REFERENCE_FORMULAS = {
     "clone": clone_backward,
 }
 BACKWARD_FORMULAS.update(REFERENCE_FORMULAS)
+
+
+def backward_formula(op: str, grad, *saved):
+    """The formula of ``op`` applied to ``(grad, *saved)``: what ``OpNode.apply`` does with the values the
+    node saved (``OP_SAVES``). The entry point of the formulas exercise, so the notebook's answer and this
+    table can be checked on the same cases."""
+    if op not in REFERENCE_FORMULAS:
+        raise ValueError(f"op must be one of {sorted(REFERENCE_FORMULAS)}, got {op!r}")
+    return REFERENCE_FORMULAS[op](grad, *saved)

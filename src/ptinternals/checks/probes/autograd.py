@@ -479,13 +479,22 @@ def kept_bytes(log: list, exclude, collect_above: int | None = None) -> int:
     return total
 
 
-def run_block(call, x, weights, biases, dropout_p, seed, grad_out, collect_above=None):
+def block_leaves(x, weights, biases, frozen=(), shared=()):
+    """Fresh leaves for a block: ``frozen`` lists layers whose weight has requires_grad=False, ``shared`` pairs
+    ``(k, j)``: layer k uses layer j's weight (tied parameters; its gradient is the sum over both layers)."""
+    xl = x.detach().clone().requires_grad_(True)
+    ws = [w.detach().clone().requires_grad_(k not in frozen) for k, w in enumerate(weights)]
+    bs = [b.detach().clone().requires_grad_(True) for b in biases]
+    for k, j in shared:
+        ws[k] = ws[j]
+    return xl, ws, bs
+
+
+def run_block(call, x, weights, biases, dropout_p, seed, grad_out, collect_above=None, frozen=(), shared=()):
     """Forward through ``call(block, x_leaf)``, measure the activations it keeps, then backward."""
     import torch
 
-    xl = x.detach().clone().requires_grad_(True)
-    ws = [w.detach().clone().requires_grad_(True) for w in weights]
-    bs = [b.detach().clone().requires_grad_(True) for b in biases]
+    xl, ws, bs = block_leaves(x, weights, biases, frozen, shared)
     block = make_block(ws, bs, dropout_p)
     log: list = []
     torch.manual_seed(seed)
@@ -507,29 +516,31 @@ def run_block(call, x, weights, biases, dropout_p, seed, grad_out, collect_above
     return result
 
 
-def checkpoint_probe(entry, x, weights, biases, dropout_p, seed, grad_out):
+def checkpoint_probe(entry, x, weights, biases, dropout_p, seed, grad_out, frozen=(), shared=()):
     """``entry(block, x)``, the student's checkpoint, around a tanh MLP block; torch's own is off limits."""
     import torch.utils.checkpoint as tuc
 
     why = "build checkpointing yourself (a torch.autograd.Function or saved_tensors_hooks)"
     with _banned([(tuc, "checkpoint", why), (tuc, "checkpoint_sequential", why)]):
         return run_block(lambda block, xl: entry(block, xl), x, weights, biases, dropout_p, seed, grad_out,
-                         collect_above=x.numel() * x.element_size())
+                         collect_above=x.numel() * x.element_size(), frozen=frozen, shared=shared)
 
 
 # ================================================================================================
 # autograd.accumulate: gradient accumulation
 # ================================================================================================
-def make_model(weights):
-    """``Linear -> Tanh -> Linear`` in float64 with the given (w1, b1, w2, b2)."""
+def make_model(weights, frozen=()):
+    """``Linear -> Tanh -> Linear`` in float64 with the given (w1, b1, w2, b2); the parameters at the positions
+    in ``frozen`` get requires_grad=False (a frozen layer, as in fine-tuning)."""
     import torch
 
     w1, b1, w2, b2 = weights
     model = torch.nn.Sequential(torch.nn.Linear(w1.shape[1], w1.shape[0]), torch.nn.Tanh(),
                                 torch.nn.Linear(w2.shape[1], w2.shape[0])).double()
     with torch.no_grad():
-        for p, w in zip(model.parameters(), weights, strict=False):
+        for k, (p, w) in enumerate(zip(model.parameters(), weights, strict=False)):
             p.copy_(w)
+            p.requires_grad_(k not in frozen)
     return model
 
 
@@ -539,14 +550,15 @@ def loss_function(kind: str):
     return {"cross_entropy": F.cross_entropy, "mse": F.mse_loss}[kind]
 
 
-def accumulation_probe(entry, weights, batch_x, batch_y, micro_batches, loss_kind):
+def accumulation_probe(entry, weights, batch_x, batch_y, micro_batches, loss_kind, frozen=()):
     """``entry(model, loss_fn, x, y, micro_batches)``: the parameters' .grad afterwards, the returned loss,
     and the batch sizes the model saw (a forward hook on the model: runs only through ``model(x)``)."""
     import torch
 
-    model = make_model(weights)
+    model = make_model(weights, frozen)
     for p in model.parameters():  # stale gradients from an earlier step: must not leak into this one
-        p.grad = torch.ones_like(p)
+        if p.requires_grad:
+            p.grad = torch.ones_like(p)
     sizes: list = []
     model.register_forward_hook(lambda module, args, output: sizes.append(int(args[0].shape[0])))
     loss = entry(model, loss_function(loss_kind), batch_x, batch_y, micro_batches)
