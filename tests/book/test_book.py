@@ -20,10 +20,17 @@ REGION = re.compile(r"### BEGIN (?:SOLUTION|HIDDEN TESTS)(.*?)### END (?:SOLUTIO
 
 
 def _public_text() -> str:
-    """Everything outside solution and hidden-test regions, in every chapter: public by design."""
+    """Everything outside solution and hidden-test regions, in every chapter, and the scaffolds handed to
+    students (a notebook may print one, e.g. the model a bug hunt starts from): public by design.
+
+    Markdown is added with its line breaks folded too, as the rendered page shows a wrapped line."""
     texts = []
     for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
-        texts += [REGION.sub("", cell.source) for cell in nbformat.read(path, as_version=4).cells]
+        for cell in nbformat.read(path, as_version=4).cells:
+            texts.append(REGION.sub("", cell.source))
+            if cell.cell_type == "markdown":
+                texts.append(" ".join(cell.source.split()))
+    texts += [p.read_text() for p in sorted((ROOT / "src" / "ptinternals").glob("*/scaffold.py"))]
     return "\n".join(texts)
 
 

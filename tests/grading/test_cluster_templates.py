@@ -106,10 +106,14 @@ def test_doctor_reports_task_shard_gradebook_and_work(course, monkeypatch, capsy
 
 # ---- the templates' shell, with a stand-in ptgrade ---------------------------------------------------------
 def fake_course(tmp_path: Path, doctor_exit: int = 0) -> tuple[Path, Path]:
-    """A folder with .venv/bin/{python,ptgrade}: the real python, and a ptgrade that logs its arguments."""
+    """A folder with .venv/bin/{python,ptgrade}: the course's python, and a ptgrade that logs its arguments."""
     root, log = tmp_path / "course", tmp_path / "calls.jsonl"
     (root / ".venv" / "bin").mkdir(parents=True)
-    (root / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    # a wrapper, not a symlink: a symlinked interpreter finds no pyvenv.cfg beside it and starts as the
+    # base Python, without the course's packages
+    python = root / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
     fake = root / ".venv" / "bin" / "ptgrade"
     fake.write_text(f"#!/bin/sh\n{sys.executable} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> {log}\n"
                     f"[ \"$1\" = doctor ] && exit {doctor_exit}\nexit 0\n")

@@ -1787,8 +1787,17 @@ class CapstoneCosts(Exercise):
         names = got.get("names")
         if isinstance(names, list) and any(isinstance(n, str) and not n.startswith("aten::") for n in names):
             return "only ATen ops count (names starting with 'aten::'): not ProfilerStep*, forward, backward, optimizer."
-        if isinstance(names, list) and any(n in ("aten::linear", "aten::matmul") for n in names if isinstance(n, str)):
-            return "rank by self time: aten::linear's total is mostly aten::addmm inside it."
+        if isinstance(names, list) and len(names) == 3 and all(isinstance(n, str) for n in names):
+            aten = {n: v for n, v in torch_key_averages({"traceEvents": got["events"]}).items()
+                    if n.startswith("aten::")}
+            by_total = sorted(aten, key=lambda n: (-aten[n][2], n))[:3]
+            by_self = sorted(aten, key=lambda n: (-aten[n][1], n))[:3]
+            if (by_total != by_self and len(by_total) == 3 and all(n in aten for n in names)
+                    and all(abs(aten[n][2] - aten[t][2]) <= 2.0 + 0.02 * aten[t][2] for n, t in zip(names, by_total))):
+                return ("rank by self time: your three are the top by total time, and an op's total includes the "
+                        "ops it calls (aten::linear's total is mostly the aten::addmm inside it).")
+            if any(n in ("aten::linear", "aten::matmul") for n in names):
+                return "rank by self time: aten::linear's total is mostly aten::addmm inside it."
         return None
 
 
