@@ -103,14 +103,14 @@ ATTACKS = {
         torch.equal = lambda *a, **k: True
         def contiguous_strides(shape):
             return (1,) * len(shape)
-        """), "wrong"),
+        """), "forbidden"),  # torch does not exist while this exercise is graded
     "monkeypatch_numpy": (body("""
         import numpy
         numpy.array_equal = lambda *a, **k: True
         numpy.allclose = lambda *a, **k: True
         def contiguous_strides(shape):
             return (1,) * len(shape)
-        """), "wrong"),
+        """), "forbidden"),
     "replace_the_checker": (body("""
         import ptinternals.grading
         ptinternals.grading.check = lambda *a, **k: None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -255,6 +256,9 @@ def _judge_one(ex: Exercise, case: Case, got: Any, expected: Any) -> tuple[str, 
             return "not-implemented", ""
         if got.type == "ForbiddenModuleError":
             return "forbidden", got.message
+        if got.type in ("ModuleNotFoundError", "ImportError") and any(
+                re.search(rf"\b{m}\b", got.message) for m in ex.forbid):
+            return "forbidden", f"your code imported a module this exercise is graded without: {got.message}"
         if isinstance(expected, Raises):
             return None if _raised_matches(got, expected) else (
                 "wrong", f"expected {expected!r}\n     got {got.type}: {got.message}")
@@ -284,7 +288,11 @@ def evaluate(ex: Exercise, cases: list[Case], results: list[Any], expected: list
                                             f"limit. Look for data that grows without bound."), "memory", seconds, device)
     failures = []
     for i, (case, got, exp) in enumerate(zip(cases, results, expected)):
-        verdict = _judge_one(ex, case, got, exp)
+        try:
+            verdict = _judge_one(ex, case, got, exp)
+        except Exception as e:  # noqa: BLE001 (a result the checker cannot read fails its case, never the grader)
+            verdict = ("unsupported", f"the grader could not compare your result ({type(e).__name__}: {str(e)[:200]}): "
+                                      f"got {describe(got)}")
         if verdict is not None:
             failures.append((i, case, got, exp, verdict))
     if len(results) < n and status == "ok":
