@@ -24,6 +24,7 @@ from ..grading._runtime import TensorInfo
 from ..grading.cases import draw
 from ..grading.compare import close_tensors, describe, same_value
 from ..grading.exercise import Case, Chapter, Exercise
+from ..grading.policy import DATA_PARALLEL, Policy
 
 PROBES = "ptinternals.checks.probes.distributed"
 SPAWN_S = 12.0  # the probe's deadline per spawn (probes.distributed.DEFAULT_DEADLINE_S)
@@ -180,6 +181,7 @@ def _spec_label(world_size, spec) -> str:
 
 
 class _PlainPython(Exercise):
+    policy = Policy(no_modules=("torch", "numpy"), why="this is plain Python arithmetic")
     """A pure function graded through ``probes.distributed:plain_python``: its result plus the torch
     functions it called (none allowed). Unlike ``forbid``, this keeps torch importable, so the whole
     chapter is graded in one sandbox run."""
@@ -251,6 +253,7 @@ class _MultiRank(Exercise):
 class ChunkBounds(_PlainPython):
     id, entry, points = "distributed.chunk_bounds", "chunk_bounds", 1
     title = "the ring's chunks: [start, end) of each of N chunks"
+    policy = Policy(banned=DATA_PARALLEL, why="build it from torch.distributed's collectives")
 
     def visible_cases(self):
         return [Case((12, 4), label="12 elements, 4 ranks: 3 each"),
@@ -1168,4 +1171,5 @@ EXERCISES = [ChunkBounds(), RingAllReduce(), NaiveDDPExercise(), AssignBuckets()
              AccumulatingDDPExercise(), ShardBounds(), ShardedAdamWExercise(), FullyShardedExercise(),
              TrainResumeExercise()]
 CHAPTER = Chapter("distributed", exercises=EXERCISES,
-                  sandbox_files=("distributed/scaffold.py",))
+                  sandbox_files=("distributed/scaffold.py",),
+                  policy_allow=("_parameters", "setattr"))  # what swapping an nn.Module's parameters takes (FSDP)

@@ -78,7 +78,8 @@ class Exercise:
     title: str = ""  # "view: strides for a new shape, or None"
     entry: str = ""  # the name the student defines
     points: float = 1.0
-    forbid: tuple[str, ...] = ()  # modules the solution must not use (e.g. ("torch",))
+    forbid: tuple[str, ...] = ()  # modules the solution must not use (e.g. ("torch",)): absent while graded
+    policy: Any = None  # a grading.policy.Policy: names its source must not use (checked statically)
     timeout_s: float = 20.0  # for all cases of this exercise, in the sandbox
     probe: str | None = None  # "module:function" run sandbox-side instead of a plain call
     gpu: bool = False  # True: graded on a GPU when one is present (the device is in the result)
@@ -179,6 +180,7 @@ class Chapter:
     setup_cells: tuple[str, ...] = ("setup",)  # grade_ids of locked cells run before the answers
     quiz_grade_id: str | None = "quiz"
     sandbox_files: tuple[str, ...] = ()  # scaffolding modules graded code may import, e.g. "autograd/scaffold.py"
+    policy_allow: tuple[str, ...] = ()  # private names (e.g. "_make_wrapper_subclass") a policy lets answers use
 
     def __post_init__(self):
         from .. import course

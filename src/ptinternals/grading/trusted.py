@@ -23,6 +23,7 @@ from pathlib import Path
 from . import _runtime, outfiles
 from .exercise import Chapter, Exercise, Outcome, evaluate
 from .isolation import ABSENTABLE
+from .policy import check_policy, describe_violations
 from .sandbox import GRACE_S, STARTUP_S, SandboxConfig, SandboxResult, cleanup, run_budget, run_job
 
 MAX_RESULT_BYTES = 64 << 20  # per exercise, JSON and arrays together
@@ -340,12 +341,13 @@ def grade_notebook(nb, chapter: Chapter, folder: str | Path, config: SandboxConf
         if ex.grade_id not in present:
             report.events.append(f"test cell {ex.grade_id} ({ex.id}) was missing from the submission")
     exercises = [ex for ex in chapter.exercises if only is None or ex.id in only]
+    outcomes: dict[str, Outcome] = static_outcomes(chapter, exercises, cells, report)
     groups: dict[tuple, list[Exercise]] = {}
     for ex in exercises:
-        groups.setdefault(tuple(sorted(ex.forbid)), []).append(ex)
+        if ex.id not in outcomes:  # an exercise its policy already failed is not run at all
+            groups.setdefault(tuple(sorted(ex.forbid)), []).append(ex)
     total_s = config.limits.total_s or submission_budget(cells, list(groups.values()), cell_timeout_s)
     deadline = time.monotonic() + total_s
-    outcomes: dict[str, Outcome] = {}
     for group in groups.values():
         outcomes.update(run_exercises(cells, group, config, report, cell_timeout_s, chapter.sandbox_files, deadline))
     sources = {c["id"]: c["source"] for c in cells}
@@ -406,3 +408,16 @@ def _grade_quiz(chapter: Chapter, folder, report: NotebookReport):
         except outfiles.Untrusted as e:
             report.events.append(f"quiz answers file refused: {e}")
         return grade_answers(load_bank(chapter.assignment), copy)
+
+
+def static_outcomes(chapter: Chapter, exercises: list[Exercise], cells: list[dict], report: NotebookReport) -> dict:
+    """The exercises whose policy the submission's source violates (``policy.py``): failed here, in the
+    grader's process, before any of its code runs."""
+    answers = [c for c in cells if not c.get("tolerant")]
+    out = {}
+    for ex in exercises:
+        violations = check_policy(ex, answers, chapter.policy_allow)
+        if violations:
+            out[ex.id] = Outcome(ex.id, False, 1, 1, describe_violations(ex, violations), "forbidden", 0.0, "cpu")
+            report.events.append(f"{ex.id}: policy violated: {violations[0]}")
+    return out
