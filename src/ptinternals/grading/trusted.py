@@ -51,6 +51,7 @@ class NotebookReport:
     cell_errors: list[dict] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # what the instructor should know (tampering, crashes)
     isolation: str = ""
+    not_graded: str = ""  # set when the sandbox itself could not run: the submission is not graded (not a 0)
     device: str = "cpu"
     wall_s: float = 0.0
     sandbox_runs: int = 0
@@ -249,11 +250,15 @@ def _after_run(g: _Group, result: SandboxResult, todo: list[Exercise], config: S
         if not g.todo():
             return False
         blame = None if result.overstayed == "done" else _blame(g, dir_fd, result)
+        started = bool(_progress(dir_fd)) or outfiles.exists(dir_fd, "cells.json")
     finally:
         os.close(dir_fd)
     if blame is None:
         why = (f"the grader could not run your code: the sandbox {result.describe()} without a usable record "
                f"of where it stopped")
+        if report.sandbox_runs == 1 and not started:  # before the first cell: the machine, not the submission
+            report.not_graded = (f"the sandbox could not start ({result.describe()}): "
+                                 f"{result.stderr_tail.strip()[-300:] or 'no error output'}")
         _fail_all(g, config, "crashed", why, report)
         if result.stderr_tail.strip():
             report.events[-1] += f"; stderr: {result.stderr_tail[-300:]}"
