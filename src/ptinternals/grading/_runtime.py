@@ -14,6 +14,9 @@ in a sandbox where the course's reference implementations do not exist.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
+import io
 import json
 import math
 import os
@@ -394,21 +397,35 @@ def _write_json(path, obj, _dump=json.dump, _replace=os.replace, _open=open):
     _replace(tmp, path)
 
 
-def _read_token(stream) -> str:
-    """The run's secret, sent by the grader on stdin and read before any student code runs.
+def _read_key(stream) -> bytes:
+    """The run's secret key, sent by the grader on stdin and read before any student code runs.
 
-    Result files carry it, so a result file written by the student's own code (which can write to the
-    output folder but never saw the token) is refused by the grader. stdin is closed afterwards."""
+    Each result file carries an HMAC of its content (and of its arrays' bytes) under this key, so a
+    result file written or altered by the student's own code (which can write to the output folder,
+    and read the harness's files, but never saw the key) is refused. stdin is closed afterwards."""
     try:
-        token = stream.readline().strip()
+        key = bytes.fromhex(stream.readline().strip())
     except (OSError, ValueError):
-        token = ""
+        key = b""
     try:
         stream.close()
         os.close(0)
     except OSError:
         pass
-    return token
+    return key
+
+
+def seal(key: bytes, payload: bytes, _new=hmac.new, _sha256=hashlib.sha256) -> bytes:
+    """``payload`` prefixed by the hex HMAC-SHA256 of it under ``key`` and a newline (see :func:`unseal`).
+    The hash functions are bound when this module loads: a cell that replaces ``hmac`` learns nothing."""
+    return _new(key, payload, _sha256).hexdigest().encode() + b"\n" + payload
+
+
+def unseal(key: bytes, data: bytes) -> bytes | None:
+    """The payload of a sealed file, or None when its HMAC does not match ``key``."""
+    mac, _, payload = data.partition(b"\n")
+    ok = hmac.compare_digest(mac, hmac.new(key, payload, hashlib.sha256).hexdigest().encode())
+    return payload if ok and key else None
 
 
 def main(job_dir: str, out_dir: str) -> int:
@@ -422,7 +439,8 @@ def main(job_dir: str, out_dir: str) -> int:
         job = json.load(f)
     if job.get("format") != FORMAT_VERSION:
         raise SystemExit(f"job format {job.get('format')} != {FORMAT_VERSION}")
-    token = _read_token(sys.stdin) if job.get("token_on_stdin") else ""
+    key = _read_key(sys.stdin) if job.get("token_on_stdin") else b""
+    _seal, _sha256, _bytesio = seal, hashlib.sha256, io.BytesIO
     plain = bool(job.get("plain"))  # no torch, no numpy: inputs and results are plain JSON
     sys.path[:0] = [p for p in job.get("sys_path", []) if p not in sys.path]
     sys.setrecursionlimit(5000)
@@ -539,11 +557,20 @@ def main(job_dir: str, out_dir: str) -> int:
             finally:
                 _setitimer(signal.ITIMER_REAL, 0)
         out_name = ex["id"].replace("/", "_")
+        digests = {}
         for name, arr in arrays_out.items():
-            _np_save(_join(out_dir, f"{out_name}.{name}.npy"), arr, allow_pickle=False)
-        _write_json(_join(out_dir, f"{out_name}.result.json"),
-                    {"id": ex["id"], "status": status, "results": results, "arrays": sorted(arrays_out),
-                     "s": _time() - t0, "token": token}, _dump, _replace, _open)
+            buf = _bytesio()
+            _np_save(buf, arr, allow_pickle=False)
+            data = buf.getvalue()
+            digests[name] = _sha256(data).hexdigest()  # sealed with the result: an altered array is refused
+            with _open(_join(out_dir, f"{out_name}.{name}.npy"), "wb") as f:
+                f.write(data)
+        payload = _dumps({"id": ex["id"], "status": status, "results": results, "arrays": digests,
+                          "s": _time() - t0}).encode()
+        tmp = _join(out_dir, f"{out_name}.result.json.tmp")
+        with _open(tmp, "wb") as f:
+            f.write(_seal(key, payload))
+        _replace(tmp, _join(out_dir, f"{out_name}.result.json"))
     mark({"done": True})
     # End the process here: a thread the student started (daemon or not) cannot keep it alive.
     for stream in (_stdout, _stderr):

@@ -14,6 +14,7 @@ failure of one exercise ("crashed"), never a crash or a hang of the grader.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -86,12 +87,19 @@ def read_json(dir_fd: int, name: str, cap: int = MAX_JSON_BYTES):
 ARRAY_KINDS = "biufc"
 
 
-def read_array(dir_fd: int, name: str, cap: int = MAX_ARRAY_BYTES):
-    """A ``.npy`` array, validated before allocation: simple dtype, shape matching the bytes present."""
+def read_array(dir_fd: int, name: str, cap: int = MAX_ARRAY_BYTES, sha256: str | None = None):
+    """A ``.npy`` array, validated before allocation: simple dtype, shape matching the bytes present, and
+    (when given) the SHA-256 of its bytes that the harness sealed into the result file."""
+    data = read_bytes(dir_fd, name, cap)
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise Untrusted(f"{name} is not the array the harness wrote (its bytes were changed)")
+    return parse_array(name, data)
+
+
+def parse_array(name: str, data: bytes):
     import numpy as np
     from numpy.lib import format as npy
 
-    data = read_bytes(dir_fd, name, cap)
     f = io.BytesIO(data)
     try:
         version = npy.read_magic(f)

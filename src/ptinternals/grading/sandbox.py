@@ -22,8 +22,8 @@ Student code runs in a new process (``_runtime.py``) started from here with:
   modules only (``ALLOWED_FILES``); importing a chapter's reference raises ImportError;
 * **nothing trusted from the sandbox's files**: the watchdog's limits come from the job the grader
   wrote (each step's own limit, counted from when the grader first saw the step start), never from
-  what the sandbox writes, and result files carry a secret the harness got on stdin (``outfiles.py``
-  reads them).
+  what the sandbox writes, and result files are sealed (HMAC) with a key the harness got on stdin
+  (``outfiles.py`` reads them, ``trusted.py`` checks the seal).
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class SandboxResult:
     stdout_tail: str = ""
     stderr_tail: str = ""
     disk_exceeded: bool = False
-    token: str = ""  # the secret every result file of this run must carry
+    key: bytes = b""  # the secret every result file of this run is sealed with (HMAC)
     overstayed: str | None = None  # the step (cell or exercise id) the watchdog stopped
     plain: bool = False  # no torch, no numpy in this run: results are plain JSON
     root: Path | None = None
@@ -233,7 +233,7 @@ def _private(root: Path, job_dir: Path, site_dir: Path, out_dir: Path, uid: int 
 def _run_leased(job, input_arrays, config, mode, root, job_dir, out_dir, site_dir, allowed, uid, absent, plain,
                 scratch_mounted) -> SandboxResult:
     inside = mode == "bwrap"
-    token = secrets.token_hex(16)
+    key = secrets.token_bytes(32)
     job = dict(job, format=1, input_arrays=sorted(input_arrays), plain=plain, token_on_stdin=True,
                forbid=list(absent), forbid_absent=inside,
                sys_path=["/sandbox/site" if inside else str(site_dir)] + site_packages_dirs(),
@@ -281,7 +281,7 @@ def _run_leased(job, input_arrays, config, mode, root, job_dir, out_dir, site_di
                                     close_fds=True)
             try:
                 try:
-                    proc.stdin.write((token + "\n").encode())
+                    proc.stdin.write(key.hex().encode() + b"\n")
                     proc.stdin.close()
                 except OSError:  # the process died at once: its status says why
                     pass
@@ -331,7 +331,7 @@ def _run_leased(job, input_arrays, config, mode, root, job_dir, out_dir, site_di
     if sig == signal.SIGKILL and not timed_out and not disk_exceeded and (oom_killed or config.device != "cuda"):
         memory_exceeded = oom_killed or _looks_like_oom(root)
     result = SandboxResult(rc, sig, timed_out, memory_exceeded, time.monotonic() - t0, mode, out_dir,
-                           _tail(root / "stdout.txt"), _tail(root / "stderr.txt"), disk_exceeded, token,
+                           _tail(root / "stdout.txt"), _tail(root / "stderr.txt"), disk_exceeded, key,
                            overstayed, plain)
     if "MemoryError" in result.stderr_tail and rc:
         result.memory_exceeded = True

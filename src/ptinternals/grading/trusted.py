@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import hmac
 import json
 import math
 import os
@@ -107,24 +106,27 @@ def _read_result(dir_fd: int, ex: Exercise, result: SandboxResult):
     """The decoded results of ``ex`` (None: no file), or a "crashed" record saying why they are refused."""
     name = ex.id.replace("/", "_")
     try:
-        raw = outfiles.read_json(dir_fd, f"{name}.result.json")
+        sealed = outfiles.read_bytes(dir_fd, f"{name}.result.json", outfiles.MAX_JSON_BYTES)
     except FileNotFoundError:
         return None
     except outfiles.Untrusted as e:
         return _refused(str(e))
-    if not isinstance(raw, dict) or raw.get("id") != ex.id or not isinstance(raw.get("results"), list):
-        return _refused("its result file is malformed")
-    if not hmac.compare_digest(str(raw.get("token", "")), result.token):
-        return _refused("its result file was not written by the grader's harness (it lacks the run's secret)")
-    arrays, budget = {}, MAX_RESULT_BYTES
-    names = raw.get("arrays", [])
-    if not isinstance(names, list) or len(names) > 10_000:
-        return _refused("its result file lists arrays malformed")
+    payload = _runtime.unseal(result.key, sealed)
+    if payload is None:
+        return _refused("its result file was not written by the grader's harness (its seal does not match)")
     try:
-        for arr_name in names:
-            if not isinstance(arr_name, str) or not arr_name.isalnum() or result.plain:
+        raw = json.loads(payload.decode("utf-8"))
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return _refused("its result file is malformed")
+    if not isinstance(raw, dict) or raw.get("id") != ex.id or not isinstance(raw.get("results"), list) \
+            or not isinstance(raw.get("arrays"), dict):
+        return _refused("its result file is malformed")
+    arrays, budget = {}, MAX_RESULT_BYTES
+    try:
+        for arr_name, digest in raw["arrays"].items():
+            if not arr_name.isalnum() or not isinstance(digest, str) or result.plain:
                 return _refused(f"its result file names an array it cannot have: {str(arr_name)[:40]!r}")
-            arrays[arr_name] = outfiles.read_array(dir_fd, f"{name}.{arr_name}.npy", cap=budget)
+            arrays[arr_name] = outfiles.read_array(dir_fd, f"{name}.{arr_name}.npy", cap=budget, sha256=digest)
             budget -= arrays[arr_name].nbytes
     except FileNotFoundError:
         return _refused("an array of its result is missing")
