@@ -242,10 +242,10 @@ def compare_perf(got, expected: PerfTarget, rtol: float) -> str | None:
 # The shared shape of a kernel exercise
 # ================================================================================================
 class KernelExercise(Exercise):
-    policy = Policy(banned=HOST_MATH, why="the kernel must do the arithmetic")
     """A kernel wrapper called through the guarded probe; subclasses compare the output itself."""
 
     probe = "ptinternals.checks.probes.kernels:kernel_case"
+    policy = Policy(banned=HOST_MATH, why="the kernel must do the arithmetic")
     gpu = True
     timeout_s = 60.0
     allowed_math: frozenset = frozenset()  # MATH_OPS this exercise's wrapper may still use

@@ -26,6 +26,7 @@ exercises with a :class:`Policy` (or a ``forbid`` module that cannot be made abs
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 import string
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ PLAIN_DUNDERS = {  # what a plain class or a plain call needs
     "__torch_dispatch__",
 }
 SELF_NAMES = {"self", "cls", "ctx"}
+_BUILTINS = frozenset(dir(builtins))
 
 
 def _torch_callables() -> frozenset[str]:
@@ -246,6 +248,8 @@ def _uses(node, names: set[str]) -> str | None:
     """The banned name ``node`` uses, if any: attribute, import path part or imported name, string."""
     if isinstance(node, ast.Attribute) and node.attr in names:
         return f".{node.attr}"
+    if isinstance(node, ast.Name) and node.id in names and node.id in _BUILTINS:  # memoryview(...)
+        return node.id
     if isinstance(node, ast.Import):
         for a in node.names:
             hit = next((p for p in a.name.split(".") if p in names), None)
@@ -480,6 +484,9 @@ AUTOGRAD = ("autograd", "backward", "vjp", "jvp", "jacrev", "jacfwd", "jacobian"
 HOST_MATH = ("numpy", "tolist", "item")  # computing a kernel's answer on the host, out of torch's sight
 DATA_PARALLEL = ("DistributedDataParallel", "FullyShardedDataParallel", "fully_shard", "fsdp", "ZeroRedundancyOptimizer",
                  "replicate", "parallel", "optim_state_dict")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor",
+               "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "all_gather_object",
+               "broadcast_object_list", "functional_collectives")
 STRUCT_LIKE = ("memoryview", "cast", "array", "frombytes", "unpack", "pack", "unpack_from", "pack_into", "iter_unpack")
 LOW_PRECISION_CASTS = ("bfloat16", "float16", "half", "BFloat16Tensor", "HalfTensor", "type", "autocast", "struct",
                        "numpy", "tolist", "memoryview", "cast", "float8_e4m3fn", "float8_e5m2")
