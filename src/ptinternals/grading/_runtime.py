@@ -510,6 +510,7 @@ def main(job_dir: str, out_dir: str) -> int:
             else:
                 exec(compile(source, f"<cell {cell['id']}>", "exec"), ns)
             cell_reports.append({"id": cell["id"], "status": "ok", "s": _time() - t0})
+            mark({"cell_done": cell["id"]})
         except CaseTimeout:
             cell_reports.append({"id": cell["id"], "status": "error", "error": "Timeout",
                                  "message": f"the cell ran past {job.get('cell_timeout_s', 30)} s", "where": ""})

@@ -295,15 +295,19 @@ class UidLease:
 
 
 def pids_of_uid(uid: int) -> list[int]:
+    """Live processes of ``uid`` (zombies are dead already: they hold nothing and wait to be reaped)."""
     pids = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
+            state = None
             for line in status.read_text().splitlines():
-                if line.startswith("Uid:"):
-                    if int(line.split()[1]) == uid:
+                if line.startswith("State:"):
+                    state = line.split()[1]
+                elif line.startswith("Uid:"):
+                    if int(line.split()[1]) == uid and state not in ("Z", "X"):
                         pids.append(int(status.parent.name))
                     break
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             continue
     return pids
 

@@ -285,15 +285,16 @@ def _device(ex: Exercise, config: SandboxConfig) -> str:
 
 
 def _blame(g: _Group, dir_fd: int, result: SandboxResult):
-    """Where the run stopped: the last step it started that is still undecided (the watchdog's own
-    observation first). Steps the grader does not know, or already decided, are never blamed."""
+    """Where the run stopped: the step the watchdog stopped, or else the last step the progress file says
+    was started, if that step is still undecided. A run that stopped between steps (the last line is a
+    step's end, or names a step already decided or unknown) blames nothing: the rest fails as "crashed"."""
     pending_cells = {c["id"] for c in g.cells} - set(g.skip_cells)
     pending_exercises = {e.id for e in g.todo()}
     candidates = [result.overstayed] if result.overstayed else []
     for event in reversed(_progress(dir_fd)):
-        if event.get("done") is True:
+        if any(k in event for k in ("done", "cell_done", "cell", "exercise")):
+            candidates.append(event.get("exercise", event.get("cell")))
             break
-        candidates.append(event.get("exercise", event.get("cell")))
     for step in candidates:
         if isinstance(step, str) and step in pending_exercises:
             return ("exercise", step)
