@@ -771,7 +771,7 @@ class GroupedTileOrder(Exercise):
 class Matmul(KernelExercise):
     id, entry, points = "kernels.matmul", "matmul", 3
     title = "blocked matmul with tl.dot and grouped ordering"
-    policy = Policy(banned=(*HOST_MATH, "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "tensordot", "linear",
+    policy = Policy(banned=(*HOST_MATH, "@", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "tensordot", "linear",
                             "Linear", "__matmul__", "mv", "addmv", "chain_matmul", "multi_dot"),
                     why="the kernel must compute the product (tl.dot on tiles)")
     timeout_s = 180.0  # on a GPU: compiling and autotuning the configs, then the 4096^3 benchmarks
@@ -872,7 +872,7 @@ class Matmul(KernelExercise):
 class FlashAttention(KernelExercise):
     id, entry, points = "kernels.flash_attention", "flash_attention", 3
     title = "flash attention forward: online softmax over K/V tiles"
-    policy = Policy(banned=(*HOST_MATH, "scaled_dot_product_attention", "softmax", "matmul", "bmm", "baddbmm",
+    policy = Policy(banned=(*HOST_MATH, "@", "scaled_dot_product_attention", "softmax", "matmul", "bmm", "baddbmm",
                             "einsum", "MultiheadAttention", "multi_head_attention_forward"),
                     why="the kernel must compute attention")
     timeout_s = 180.0  # on a GPU: compiling and autotuning the configs, then the benchmarks

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Policy:
-    banned: tuple[str, ...] = ()  # in the exercise's own code and what it refers to
+    banned: tuple[str, ...] = ()  # in the exercise's own code and what it refers to ("@": the operator)
     banned_anywhere: tuple[str, ...] = ()  # in every answer cell
     why: str = ""  # what to do instead (ends the message)
     no_modules: tuple[str, ...] = ()  # modules the exercise's own code must not use at all (e.g. torch)
@@ -250,6 +250,8 @@ def _uses(node, names: set[str]) -> str | None:
         return f".{node.attr}"
     if isinstance(node, ast.Name) and node.id in names and node.id in _BUILTINS:  # memoryview(...)
         return node.id
+    if "@" in names and isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
+        return "the @ operator (a matrix product)"
     if isinstance(node, ast.Import):
         for a in node.names:
             hit = next((p for p in a.name.split(".") if p in names), None)
