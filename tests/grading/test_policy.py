@@ -112,3 +112,9 @@ def test_the_chapter_allow_list_is_narrow():
     bad = "import torch\ndef f():\n    return torch._C.DisableTorchFunction()\n"
     assert violations(flops, dispatch, int8_tensor_code=ok) == []
     assert any("._C" in v for v in violations(flops, dispatch, int8_tensor_code=bad))
+
+
+def test_a_cell_that_does_not_parse_does_not_switch_the_policy_off():
+    found = violations(broken_code="def (:\n", sliding_windows_code="def sliding_windows(x, size, step):\n"
+                                                                      "    return x.unfold(-1, size, step)\n")
+    assert any(".unfold" in v for v in found), found

@@ -451,9 +451,7 @@ def check_policy(ex, cells: list[dict], allow: tuple[str, ...] = ()) -> list[Vio
     policy = effective_policy(ex)
     if policy is None:
         return []
-    parsed, problems = _parse(cells)
-    if problems:
-        return []  # a cell that does not parse defines nothing: the run reports it
+    parsed, _ = _parse(cells)  # a cell that does not parse never runs (the run reports it): the rest is checked
     bound = _import_bound(parsed)
     mine = reachable(parsed, ex.answer_cell)
     everything = [(c.id, stmt) for c in parsed for stmt in c.tree.body]
