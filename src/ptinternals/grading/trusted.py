@@ -387,11 +387,11 @@ def grade_notebook(nb, chapter: Chapter, folder: str | Path, config: SandboxConf
 
 
 def submission_budget(cells: list[dict], groups: list[list[Exercise]], cell_timeout_s: float) -> float:
-    """The most one submission may take, all its sandbox runs together: one full run per group (every
-    cell and every exercise at its limit) and a little more. A submission that hangs or swallows its
-    alarms in every step is stopped here, whatever it writes."""
-    per_cells = len(cells) * (cell_timeout_s + GRACE_S)
-    return 30.0 + sum(STARTUP_S + per_cells + sum(ex.timeout_s + GRACE_S for ex in g) for g in groups)
+    """The most one submission may take, all its sandbox runs together: each group's start-up and every
+    exercise at its limit, plus two cells' worth of hanging (answer cells normally take milliseconds). A
+    submission that hangs or swallows its alarms in every step is stopped here, whatever it writes."""
+    cells_allowance = min(len(cells), 2) * (cell_timeout_s + GRACE_S)
+    return 60.0 + cells_allowance + sum(STARTUP_S + sum(ex.timeout_s + GRACE_S for ex in g) for g in groups)
 
 
 def _grade_quiz(chapter: Chapter, folder, report: NotebookReport):
