@@ -94,7 +94,7 @@ def unsafe_entries(folder: Path, limit: int = 20) -> list[str]:
 
 
 def nbgrader_config(course: Course, *, isolation: str = "auto", device: str = "auto", worker: int = 0,
-                    allow_weak: bool = False):
+                    allow_weak: bool = False, submission_s: float = 0.0):
     from traitlets.config import Config
 
     from .nbgrader_plugin import configure
@@ -107,6 +107,7 @@ def nbgrader_config(course: Course, *, isolation: str = "auto", device: str = "a
     c.TrustedGrade.device = device
     c.TrustedGrade.worker = worker
     c.TrustedGrade.allow_weak_isolation = allow_weak
+    c.TrustedGrade.submission_s = submission_s
     c.TrustedGrade.report_dir = str(course.reports)
     c.Application.log_level = "WARN"
     return c
@@ -116,7 +117,8 @@ def nbgrader_config(course: Course, *, isolation: str = "auto", device: str = "a
 _WORKER: dict = {}
 
 
-def _init_worker(index_queue, course: Course, isolation: str, device: str, gpus: list[str], allow_weak: bool) -> None:
+def _init_worker(index_queue, course: Course, isolation: str, device: str, gpus: list[str], allow_weak: bool,
+                 submission_s: float) -> None:
     index = index_queue.get()
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
@@ -132,7 +134,7 @@ def _init_worker(index_queue, course: Course, isolation: str, device: str, gpus:
     (course.root / "autograder").mkdir(parents=True, exist_ok=True)
     _WORKER.update(index=index, course=course,
                    api=NbGraderAPI(config=nbgrader_config(course, isolation=isolation, device=device, worker=index,
-                                                          allow_weak=allow_weak)))
+                                                          allow_weak=allow_weak, submission_s=submission_s)))
 
 
 def _grade_one(assignment: str, student: str) -> dict:
@@ -190,7 +192,7 @@ def _record_failure(course: Course, assignment: str, out: dict, t0: float) -> di
 # ---- the pool ------------------------------------------------------------------------------------------
 def grade_class(course: Course, assignment: str, students: list[str], *, workers: int = 1, isolation: str = "auto",
                 device: str = "auto", gpus: list[str] | None = None, progress: bool = True,
-                allow_weak: bool = False) -> list[dict]:
+                allow_weak: bool = False, submission_s: float = 0.0) -> list[dict]:
     """Autograde ``students``' submissions of ``assignment`` with ``workers`` processes."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -207,7 +209,8 @@ def grade_class(course: Course, assignment: str, students: list[str], *, workers
 
         bar = tqdm(total=len(students), unit="sub", desc=f"grading {assignment}", dynamic_ncols=True)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(index_queue, course, isolation, device, gpus or [], allow_weak)) as pool:
+                             initargs=(index_queue, course, isolation, device, gpus or [], allow_weak,
+                                       submission_s)) as pool:
         futures = {pool.submit(_grade_one, assignment, s): s for s in students}
         pending = set(futures)
         while pending:

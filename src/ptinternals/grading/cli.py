@@ -262,7 +262,8 @@ def cmd_autograde(args) -> int:
         return EXIT_ENV
     t0 = time.perf_counter()
     results = grade_class(course, name, todo, workers=workers, isolation=args.isolation, device=args.device,
-                          gpus=gpus, progress=not args.quiet, allow_weak=args.allow_weak_isolation)
+                          gpus=gpus, progress=not args.quiet, allow_weak=args.allow_weak_isolation,
+                          submission_s=args.submission_time_limit or 0.0)
     wall = time.perf_counter() - t0
     failed = [r for r in results if not r["success"]]
     print(f"graded {len(results) - len(failed)} of {len(results)} submissions of {name} in {wall:.1f} s "
@@ -401,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-weak-isolation", action="store_true",
                     help="record grades even without bubblewrap (process isolation: student code can read the "
                          "sandbox user's files and reach packages an exercise forbids); off by default")
+    sp.add_argument("--submission-time-limit", type=float, metavar="SECONDS",
+                    help="most time one submission may take, all its sandbox runs together (default: derived from "
+                         "its exercises' limits)")
     sp.add_argument("--shard", help="i/N: grade every N-th submission starting at i; auto: this Slurm array task's or "
                     "Kubernetes Indexed Job pod's shard (see ptgrade doctor)")
     sp.add_argument("--force", action="store_true", help="regrade submissions that are already graded")
@@ -433,6 +437,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "workers", 0) and args.workers < 0:
         parser.error("--workers must be >= 1")
+    if getattr(args, "submission_time_limit", None) is not None and not args.submission_time_limit > 0:
+        parser.error(f"--submission-time-limit must be > 0 seconds, got {args.submission_time_limit}")
     try:
         return args.fn(args)
     except UsageError as e:

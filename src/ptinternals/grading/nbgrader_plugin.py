@@ -25,7 +25,7 @@ from pathlib import Path
 import nbformat
 from nbgrader.plugins import CsvExportPlugin
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Bool, Int, Unicode
+from traitlets import Bool, Float, Int, Unicode
 
 EVENTS_KEY = "ptgrade_events"
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS[ \t]*\n?", re.S | re.M)
@@ -85,6 +85,8 @@ class TrustedGrade(_CoursePreprocessor):
     report_dir = Unicode(os.environ.get("PTGRADE_REPORT_DIR", ""), help="where per-submission reports go").tag(config=True)
     allow_weak_isolation = Bool(os.environ.get("PTGRADE_ALLOW_WEAK_ISOLATION", "") == "1",
                                 help="record grades under process isolation (no bubblewrap)").tag(config=True)
+    submission_s = Float(float(os.environ.get("PTGRADE_SUBMISSION_S", "0")),
+                         help="total time one submission may take (0: derived from its exercises' limits)").tag(config=True)
 
     def preprocess(self, nb, resources):
         from ..device import pick_device
@@ -104,6 +106,7 @@ class TrustedGrade(_CoursePreprocessor):
         mode, why = resolve_isolation(self.isolation, device)
         require_strong_isolation(mode, why, self.allow_weak_isolation)  # raises: this submission is not graded
         config = SandboxConfig(isolation=self.isolation, device=device, worker=self.worker)
+        config.limits.total_s = self.submission_s or None
         source = self._source_notebook(info["assignment"], info["notebook"])
         report = grade_notebook(nb, chapter, folder, config, student=info["student"], source_nb=source)
         report.events[:0] = events
@@ -188,13 +191,20 @@ class TrustedCsvExport(CsvExportPlugin):
         with open(dest, newline="") as f:
             rows = list(csv.DictReader(f))
         course = Course(Path(self.course_root or "."))
+        seen = {(row["student_id"], row["assignment"]) for row in rows}
+        max_score = {row["assignment"]: row.get("max_score", "") for row in rows}
+        for failed in sorted(course.reports.glob("*/*.failed.json")):  # never reached nbgrader's gradebook
+            student, assignment = failed.parent.name, failed.name.removesuffix(".failed.json")
+            if (student, assignment) not in seen and (not self.assignment or assignment in self.assignment):
+                rows.append({"assignment": assignment, "student_id": student, "max_score": max_score.get(assignment, "")})
         for row in rows:
             row["status"], row["reason"] = course.status(row["student_id"], row["assignment"])
             if row["status"] == "not graded":
                 row["raw_score"] = row["score"] = row["late_submission_penalty"] = ""
-        fields = list(rows[0]) if rows else ["assignment", "student_id", "score", "max_score", "status", "reason"]
+        fields = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "raw_score",
+                  "late_submission_penalty", "score", "max_score", "status", "reason"]
         with open(dest, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
+            writer = csv.DictWriter(f, fieldnames=fields, restval="")
             writer.writeheader()
             writer.writerows(rows)
 
