@@ -118,3 +118,20 @@ def test_a_cell_that_does_not_parse_does_not_switch_the_policy_off():
     found = violations(broken_code="def (:\n", sliding_windows_code="def sliding_windows(x, size, step):\n"
                                                                       "    return x.unfold(-1, size, step)\n")
     assert any(".unfold" in v for v in found), found
+
+
+def test_the_instructor_docs_list_exactly_the_exercises_with_a_policy():
+    import re
+
+    from ptinternals.grading.testing import ROOT
+
+    text = (ROOT / "book" / "instructors.md").read_text()
+    documented = set()
+    slugs = {ch.slug for ch in graded_chapters()}
+    for chapter, cell in re.findall(r"^\s*\| (\w+) \| (.+?) \|$", text, re.M):
+        if chapter not in slugs:
+            continue
+        names = re.sub(r"\([^)]*\)", "", cell)
+        documented |= {f"{chapter}.{n.strip()}" for n in names.split(",") if n.strip()}
+    with_policy = {ex.id for ch in graded_chapters() for ex in ch.exercises if effective_policy(ex) is not None}
+    assert documented == with_policy, (sorted(documented - with_policy), sorted(with_policy - documented))

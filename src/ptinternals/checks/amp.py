@@ -998,6 +998,7 @@ class AmpTrain(Exercise):
 class AmpSpeed(Exercise):
     id, entry, points = "amp.amp_speed", "amp_train", 1
     title = "the win: less memory for activations, and (on a GPU) faster steps"
+    policy = AmpTrain.policy  # the same trainer
     probe = "ptinternals.checks.probes.amp:speed_probe"
     gpu = True
     timeout_s = 120.0
