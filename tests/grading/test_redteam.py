@@ -265,13 +265,14 @@ def test_fork_bomb_is_contained(tmp_path):
 
 
 def _uid(status: Path) -> int | None:
+    """The uid of a live process (None for a zombie: it is dead, only waiting to be reaped)."""
     try:
-        for line in status.read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[1])
+        lines = status.read_text().splitlines()
     except OSError:
         return None
-    return None
+    if any(line.startswith("State:") and line.split()[1] in ("Z", "X") for line in lines):
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith("Uid:")), None)
 
 
 def test_deleted_test_cell_is_reported_and_still_graded(tmp_path):

@@ -140,7 +140,7 @@ def test_a_huge_result_costs_only_its_exercise(tmp_path):
     code = body("""
         import torch
         def sliding_windows(x, size, step):
-            return torch.zeros(40_000_000)    # 160 MB: past the per-file limit of the output folder
+            return torch.zeros(20_000_000)    # 80 MB: past the per-file limit of the output folder
         """)
     results, _, seconds = grade("strides", {"sliding_windows_code": code}, TENSORS, tmp_path)
     scored_zero(results["strides.sliding_windows"])

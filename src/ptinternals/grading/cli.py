@@ -238,6 +238,10 @@ def cmd_autograde(args) -> int:
     if missing:
         raise UsageError(f"no submission of {name} for: {', '.join(missing)}")
     students = shard(students, args.shard)
+    refused = _isolation_refused(args)
+    if refused:
+        print(f"ptgrade: {refused}", file=sys.stderr)
+        return EXIT_ENV
     todo = students if args.force else [s for s in students if course.needs_grading(s, name)]
     skipped = len(students) - len(todo)
     if skipped:
@@ -256,10 +260,6 @@ def cmd_autograde(args) -> int:
             return EXIT_ENV
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else []
     workers = args.workers or max(1, len(gpus))
-    refused = _isolation_refused(args)
-    if refused:
-        print(f"ptgrade: {refused}", file=sys.stderr)
-        return EXIT_ENV
     t0 = time.perf_counter()
     results = grade_class(course, name, todo, workers=workers, isolation=args.isolation, device=args.device,
                           gpus=gpus, progress=not args.quiet, allow_weak=args.allow_weak_isolation,
