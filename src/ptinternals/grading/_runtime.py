@@ -3,14 +3,17 @@
 This file runs in two places:
 
 * inside the grading sandbox, as a script (``python -I -S _runtime.py JOB_DIR OUT_DIR``), in a fresh
-  process that holds no grader state: it executes the student's answer cells, calls each exercise's
-  entry point on the cases the grader chose, and writes the results as JSON plus ``.npy`` arrays
-  (never pickle). The grade is computed elsewhere, by the trusted process that reads these files.
+  process that holds no grader state: it reads a secret key from stdin (before any student code runs),
+  executes the student's answer cells, calls each exercise's entry point on the cases the grader chose,
+  and writes the results as JSON plus ``.npy`` arrays (never pickle), each result sealed with an HMAC
+  under that key, then ends its own process. In a *plain* job (exercises that forbid torch or numpy,
+  which are then absent from the sandbox) it imports neither, and inputs and results are plain JSON.
+  The grade is computed elsewhere, by the trusted process that reads these files.
 * inside the student's own kernel, imported by ``ptinternals.grading.check`` for instant feedback,
   so that both paths call and encode student code in exactly the same way.
 
 It imports only the standard library at module level (numpy and torch lazily), because it must work
-in a sandbox where the course's reference implementations do not exist.
+in a sandbox where the course's reference implementations (and maybe torch and numpy) do not exist.
 """
 from __future__ import annotations
 
@@ -439,7 +442,7 @@ def main(job_dir: str, out_dir: str) -> int:
         job = json.load(f)
     if job.get("format") != FORMAT_VERSION:
         raise SystemExit(f"job format {job.get('format')} != {FORMAT_VERSION}")
-    key = _read_key(sys.stdin) if job.get("token_on_stdin") else b""
+    key = _read_key(sys.stdin) if job.get("key_on_stdin") else b""
     _seal, _sha256, _bytesio = seal, hashlib.sha256, io.BytesIO
     plain = bool(job.get("plain"))  # no torch, no numpy: inputs and results are plain JSON
     sys.path[:0] = [p for p in job.get("sys_path", []) if p not in sys.path]

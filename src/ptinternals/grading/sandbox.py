@@ -234,7 +234,7 @@ def _run_leased(job, input_arrays, config, mode, root, job_dir, out_dir, site_di
                 scratch_mounted) -> SandboxResult:
     inside = mode == "bwrap"
     key = secrets.token_bytes(32)
-    job = dict(job, format=1, input_arrays=sorted(input_arrays), plain=plain, token_on_stdin=True,
+    job = dict(job, format=1, input_arrays=sorted(input_arrays), plain=plain, key_on_stdin=True,
                forbid=list(absent), forbid_absent=inside,
                sys_path=["/sandbox/site" if inside else str(site_dir)] + site_packages_dirs(),
                blocked_modules=["ptinternals"], allowed_modules=allowed, device=config.device)
