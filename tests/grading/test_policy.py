@@ -135,3 +135,10 @@ def test_the_instructor_docs_list_exactly_the_exercises_with_a_policy():
         documented |= {f"{chapter}.{n.strip()}" for n in names.split(",") if n.strip()}
     with_policy = {ex.id for ch in graded_chapters() for ex in ch.exercises if effective_policy(ex) is not None}
     assert documented == with_policy, (sorted(documented - with_policy), sorted(with_policy - documented))
+
+
+def test_an_exercise_whose_entry_lives_in_another_cell_is_checked_there():
+    amp = load_chapter("amp")
+    speed = amp.exercise("amp.amp_speed")  # graded on amp_train, defined in amp_train's cell
+    code = "import torch\ndef amp_train(*args, **kwargs):\n    with torch.autocast('cpu'):\n        return 0\n"
+    assert any(".autocast" in v for v in violations(speed, amp, amp_train_code=code))

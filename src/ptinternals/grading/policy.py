@@ -30,6 +30,7 @@ import builtins
 import re
 import string
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ SELF_NAMES = {"self", "cls", "ctx"}
 _BUILTINS = frozenset(dir(builtins))
 
 
+@lru_cache(maxsize=None)
 def _torch_callables() -> frozenset[str]:
     """Names of torch's functions and Tensor methods: assigning an attribute so named is monkeypatching."""
     try:
@@ -188,7 +190,7 @@ def _bound_names(stmt) -> set[str]:
     return names
 
 
-def reachable(cells: list[_Cell], start_cell: str) -> list[tuple[str, ast.AST]]:
+def reachable(cells: list[_Cell], start_cell: str, entry: str | None = None) -> list[tuple[str, ast.AST]]:
     """The statements the exercise's code can depend on: its answer cell; transitively, every top-level
     statement (any answer cell) binding a name it loads; and every top-level statement that could put
     something into one of those names from elsewhere (an attribute or item stored on it, a method
@@ -199,6 +201,7 @@ def reachable(cells: list[_Cell], start_cell: str) -> list[tuple[str, ast.AST]]:
     defined = {n for n, stmts in bindings.items() if any(not isinstance(s, (ast.Import, ast.ImportFrom)) for _, s in stmts)}
     mutations = _mutation_sites(cells, defined)
     todo = [(c.id, stmt) for c in cells if c.id == start_cell for stmt in c.tree.body]
+    todo += bindings.get(entry, []) if entry else []  # the entry point, wherever it is defined
     seen: set[int] = set()
     out = []
     while todo:
@@ -453,7 +456,7 @@ def check_policy(ex, cells: list[dict], allow: tuple[str, ...] = ()) -> list[Vio
         return []
     parsed, _ = _parse(cells)  # a cell that does not parse never runs (the run reports it): the rest is checked
     bound = _import_bound(parsed)
-    mine = reachable(parsed, ex.answer_cell)
+    mine = reachable(parsed, ex.answer_cell, ex.entry)
     everything = [(c.id, stmt) for c in parsed for stmt in c.tree.body]
     found = banned_uses(mine, set(policy.banned)) + banned_uses(everything, set(policy.banned_anywhere))
     if policy.no_modules:
