@@ -119,8 +119,13 @@ class Exercise:
         (a static policy: measurements made in the sandbox can be forged), or None. ``sources``: ``{cell id:
         source}``, the notebook's setup and answer cells when grading (``own_cell`` is then this exercise's
         answer cell), or only the cell that defined the entry for instant feedback (``own_cell`` None).
-        Default: no policy. (A chapter-local hook until the generic mechanism of the grading issue lands.)"""
-        return None
+
+        The trusted grader calls it before any of the submission's code runs (an exercise it fails is not
+        run); ``check`` calls it for instant feedback. Default: the exercise's :class:`~.policy.Policy`
+        (``policy``; none: no rule). A chapter with rules of its own overrides this method (modules)."""
+        from .policy import policy_problem
+
+        return policy_problem(self, sources, own_cell)
 
     # ---- derived ----------------------------------------------------------------------------------
     number: str = ""  # "1.4": set by its Chapter from the book's order (ptinternals.course)
@@ -414,11 +419,11 @@ def check(exercise_id: str, entry: Callable, *, hidden: bool = False, device: st
     t0 = time.perf_counter()
     results, status = run_in_process(ex, entry, cases, device)
     outcome = evaluate(ex, cases, results, expected, device=device, status=status, seconds=time.perf_counter() - t0)
-    problem = ex.source_problem(_defining_sources(entry)) if outcome.category != "not-implemented" else None
-    if problem:
-        raise CheckFailure(problem, exercise=ex.id, category="forbidden")
-    if not outcome.passed:
+    if not outcome.passed:  # wrong values first: the message that teaches (the source rules would say 0 too)
         raise outcome.failure()
+    problem = ex.source_problem(_defining_sources(entry))
+    if problem:  # right values, written in a way the grader refuses: it would score 0
+        raise CheckFailure(problem, exercise=ex.id, category="forbidden")
     scope = "visible and hidden" if hidden else "visible"
     extra = outcome.message.split("\n", 1)[1] if "\n" in outcome.message else ""
     print(f"\u2713 {ex.name}: all {len(cases)} {scope} cases passed (ran on {device})" + (f"\n{extra}" if extra else ""))

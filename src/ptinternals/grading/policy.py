@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import re
 import string
 from dataclasses import dataclass
@@ -39,6 +40,10 @@ class Policy:
     banned_anywhere: tuple[str, ...] = ()  # in every answer cell
     why: str = ""  # what to do instead (ends the message)
     no_modules: tuple[str, ...] = ()  # modules the exercise's own code must not use at all (e.g. torch)
+    # Rules about loops, in the exercise's own code (the profiling chapter: what makes the host wait):
+    in_loops: tuple[str, ...] = ()  # calls (``item``, ``print``) not allowed inside a for/while body
+    mask_index_in_loops: bool = False  # no ``x[y >= 0]`` (a boolean mask) inside a loop
+    tensor_tests_in_loops: bool = False  # no if/while/assert inside a loop whose condition calls torch
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,12 @@ HIDING_MODULES = {  # imported or named in any way
     "shelve", "copyreg", "gc", "inspect", "pydoc", "pkgutil", "runpy", "code", "codeop", "timeit", "profile",
     "cProfile", "pdb", "bdb", "trace", "traceback", "types", "mock", "zipimport", "imp", "sysconfig", "site",
     "faulthandler", "tracemalloc", "dis", "ast", "symtable", "linecache", "sys", "subprocess", "pty", "multiprocessing",
-    "concurrent",
+    "concurrent", "unittest",
+}
+MODULE_ATTRS = {  # reached as an attribute too (`os.sys`): names no honest attribute has
+    "sys", "builtins", "importlib", "gc", "inspect", "ctypes", "cffi", "pickle", "cPickle", "_pickle", "dill",
+    "cloudpickle", "marshal", "shelve", "copyreg", "pydoc", "pkgutil", "runpy", "codeop", "zipimport", "imp",
+    "tracemalloc", "faulthandler", "sysconfig", "subprocess", "pty", "_thread",
 }
 HIDING_ATTRS = {  # attributes that look things up by string or expose frames and the import system
     "modules", "attrgetter", "methodcaller", "get_type_hints", "get_annotations", "ForwardRef", "format_map",
@@ -324,7 +334,7 @@ def _allowed_chain_nodes(tree, allow: set[str]) -> set[int]:
 
 
 def _attribute_problem(attr: str, base, allow: set[str], allowed_node: bool) -> str | None:
-    if attr in HIDING_ATTRS or attr in HIDING_MODULES or FRAME_ATTR.match(attr):
+    if attr in HIDING_ATTRS or attr in MODULE_ATTRS or FRAME_ATTR.match(attr):
         return f".{attr}"
     if attr.startswith("__") and attr.endswith("__"):
         return None if attr in PLAIN_DUNDERS else f".{attr}"
@@ -333,6 +343,49 @@ def _attribute_problem(attr: str, base, allow: set[str], allowed_node: bool) -> 
     if attr.startswith("_") and attr not in allow and not allowed_node and not own:
         return f".{attr} (a private attribute)"
     return None
+
+
+def loop_uses(stmts, policy: Policy) -> list[Violation]:
+    """The loop rules of ``policy`` on ``stmts``: device reads inside a for/while body."""
+    if not (policy.in_loops or policy.mask_index_in_loops or policy.tensor_tests_in_loops):
+        return []
+    out = []
+    for cell_id, stmt in stmts:
+        for loop in (n for n in ast.walk(stmt) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))):
+            body = loop.body + loop.orelse
+            masks = {t.id for b in body for a in ast.walk(b) if isinstance(a, ast.Assign) and _is_condition(a.value)
+                     for t in a.targets if isinstance(t, ast.Name)}
+            for sub in (n for b in body for n in ast.walk(b)):
+                if isinstance(sub, ast.Call):
+                    f = sub.func
+                    called = f.attr if isinstance(f, ast.Attribute) else (f.id if isinstance(f, ast.Name) else "")
+                    if called in policy.in_loops:
+                        out.append(Violation(cell_id, sub.lineno, f"`{called}(...)` inside the loop of line {loop.lineno}"))
+                if policy.mask_index_in_loops and isinstance(sub, ast.Subscript):
+                    index = sub.slice.elts if isinstance(sub.slice, ast.Tuple) else [sub.slice]
+                    if any(_is_condition(i) or (isinstance(i, ast.Name) and i.id in masks) for i in index):
+                        out.append(Violation(cell_id, sub.lineno, f"indexing with a boolean mask inside the loop of "
+                                             f"line {loop.lineno} (it becomes nonzero(): the host reads the count)"))
+                if policy.tensor_tests_in_loops and isinstance(sub, (ast.If, ast.While, ast.Assert, ast.IfExp)) \
+                        and _calls_torch(sub.test):
+                    out.append(Violation(cell_id, sub.lineno, f"a tensor decides a condition inside the loop of line "
+                                         f"{loop.lineno} (bool() of a device tensor reads it on the host)"))
+    return out
+
+
+def _is_condition(node) -> bool:
+    return isinstance(node, (ast.Compare, ast.BoolOp)) or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not))
+
+
+def _calls_torch(node) -> bool:
+    """Whether an expression calls torch (``torch.isnan(x)``) or a tensor-looking method (``x.isnan()``)."""
+    methods = {"any", "all", "isnan", "isfinite", "isinf", "item", "sum", "max", "min", "mean", "eq", "ne", "ge",
+               "gt", "le", "lt", "equal", "allclose"}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
+            if _root(sub.func) in ("torch", "F") or sub.func.attr in methods:
+                return True
+    return False
 
 
 def hiding_uses(cells: list[_Cell], allow: set[str], bound: dict[str, str]) -> list[Violation]:
@@ -376,12 +429,16 @@ def hiding_uses(cells: list[_Cell], allow: set[str], bound: dict[str, str]) -> l
                 elif node.id in SELF_NAMES and isinstance(node.ctx, (ast.Store, ast.Del)):
                     add(cell, node, f"rebinding {node.id}")
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                module = node.names[0].name if isinstance(node, ast.Import) else (node.module or "")
+                from_hiding = isinstance(node, ast.ImportFrom) and module.split(".")[0] in HIDING_MODULES
                 paths = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module or ""] + [a.name for a in node.names]
-                for path in paths:
+                    [module] + [a.name for a in node.names]
+                for k, path in enumerate(paths):
                     parts = path.split(".")
-                    if any(p in HIDING_MODULES or p in HIDING_ATTRS or p in HIDING_NAMES or p in LOOKUP_BUILTINS
-                           for p in parts):
+                    imported_name = isinstance(node, ast.ImportFrom) and k > 0  # `from m import NAME`
+                    if (not imported_name and parts[0] in HIDING_MODULES) or from_hiding or \
+                            any(p in HIDING_ATTRS or p in HIDING_NAMES or p in LOOKUP_BUILTINS or p in MODULE_ATTRS
+                                for p in parts):
                         add(cell, node, f"import of {path}")
                     elif any(p.startswith("_") and p not in allow and p != "__future__" for p in parts):
                         add(cell, node, f"import of the private {path}")
@@ -431,6 +488,8 @@ def _locally_defined(cells: list[_Cell]) -> set[str]:
                 names.add(node.arg)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 names.add(node.id)
+            elif isinstance(node, ast.ImportFrom):  # `from torch.profiler import profile`: judged at the import
+                names |= {a.asname or a.name for a in node.names}
     return names
 
 
@@ -442,11 +501,13 @@ def effective_policy(ex) -> Policy | None:
     from .isolation import ABSENTABLE
 
     policy = getattr(ex, "policy", None)
+    if policy is not None and not isinstance(policy, Policy):
+        policy = None  # a chapter's own rules (plugged in through Exercise.source_problem)
     extra = tuple(m for m in ex.forbid if m not in ABSENTABLE)
     if not extra:
         return policy
     policy = policy or Policy(why=f"{ex.name} is to be written without {', '.join(ex.forbid)}")
-    return Policy(policy.banned, policy.banned_anywhere + extra, policy.why, policy.no_modules)
+    return dataclasses.replace(policy, banned_anywhere=policy.banned_anywhere + extra)
 
 
 def check_policy(ex, cells: list[dict], allow: tuple[str, ...] = ()) -> list[Violation]:
@@ -461,9 +522,27 @@ def check_policy(ex, cells: list[dict], allow: tuple[str, ...] = ()) -> list[Vio
     found = banned_uses(mine, set(policy.banned)) + banned_uses(everything, set(policy.banned_anywhere))
     if policy.no_modules:
         found += module_uses(mine, set(policy.no_modules), bound)
+    found += loop_uses(mine, policy)
     found += hiding_uses(parsed, set(allow), bound)
     unique = {(v.cell, v.line, v.what): v for v in found}
-    return sorted(unique.values(), key=lambda v: ([c["id"] for c in cells].index(v.cell), v.line, v.what))
+    order = [c["id"] for c in cells]
+    return sorted(unique.values(), key=lambda v: (order.index(v.cell) if v.cell in order else 0, v.line, v.what))
+
+
+def policy_problem(ex, sources: dict[str, str], own_cell: str | None = None) -> str | None:
+    """``Exercise.source_problem`` for an exercise with a :class:`Policy`: the message, or None.
+
+    ``sources``: ``{cell id: source}``, the whole notebook when grading (``own_cell`` is the exercise's
+    answer cell; the chapter's locked setup cells are the course's, not judged), or the cell(s) that
+    defined the entry point for instant feedback (``own_cell`` None)."""
+    if effective_policy(ex) is None:
+        return None
+    from .exercise import load_chapter
+
+    chapter = load_chapter(ex.id)
+    cells = [{"id": cid, "source": src} for cid, src in sources.items() if cid not in chapter.setup_cells]
+    violations = check_policy(ex, cells, chapter.policy_allow)
+    return describe_violations(ex, violations) if violations else None
 
 
 def describe_violations(ex, violations: list[Violation], limit: int = 5) -> str:

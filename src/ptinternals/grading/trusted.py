@@ -22,7 +22,6 @@ from pathlib import Path
 from . import _runtime, outfiles
 from .exercise import Chapter, Exercise, Outcome, evaluate
 from .isolation import ABSENTABLE
-from .policy import check_policy, describe_violations
 from .sandbox import GRACE_S, STARTUP_S, SandboxConfig, SandboxResult, cleanup, run_budget, run_job
 
 MAX_RESULT_BYTES = 64 << 20  # per exercise, JSON and arrays together
@@ -358,12 +357,6 @@ def grade_notebook(nb, chapter: Chapter, folder: str | Path, config: SandboxConf
     deadline = time.monotonic() + total_s
     for group in groups.values():
         outcomes.update(run_exercises(cells, group, config, report, cell_timeout_s, chapter.sandbox_files, deadline))
-    sources = {c["id"]: c["source"] for c in cells}
-    for ex in exercises:
-        problem = ex.source_problem(sources, own_cell=ex.answer_cell)  # how it is written: judged here, on source
-        if problem:
-            o = outcomes[ex.id]
-            outcomes[ex.id] = Outcome(ex.id, False, o.n_cases, o.n_cases, problem, "forbidden", o.seconds, o.device)
     for ex in exercises:
         o = outcomes[ex.id]
         message = o.message
@@ -419,13 +412,15 @@ def _grade_quiz(chapter: Chapter, folder, report: NotebookReport):
 
 
 def static_outcomes(chapter: Chapter, exercises: list[Exercise], cells: list[dict], report: NotebookReport) -> dict:
-    """The exercises whose policy the submission's source violates (``policy.py``): failed here, in the
-    grader's process, before any of its code runs."""
-    answers = [c for c in cells if not c.get("tolerant")]
+    """The exercises whose source the submission writes in a way their rules forbid
+    (``Exercise.source_problem``: a ``policy.Policy``, or a chapter's own rules): failed here, in the
+    grader's process, on the notebook's source, before any of the submission's code runs."""
+    sources = {c["id"]: c["source"] for c in cells}
     out = {}
     for ex in exercises:
-        violations = check_policy(ex, answers, chapter.policy_allow)
-        if violations:
-            out[ex.id] = Outcome(ex.id, False, 1, 1, describe_violations(ex, violations), "forbidden", 0.0, "cpu")
-            report.events.append(f"{ex.id}: policy violated: {violations[0]}")
+        problem = ex.source_problem(sources, own_cell=ex.answer_cell)
+        if problem:
+            out[ex.id] = Outcome(ex.id, False, 1, 1, problem, "forbidden", 0.0, "cpu")
+            first = (problem.splitlines()[1:2] or [problem])[0].strip().removeprefix("- ")
+            report.events.append(f"{ex.id}: how it is written is not allowed: {first[:200]}")
     return out
