@@ -382,6 +382,9 @@ def _defining_sources(entry) -> dict[str, str]:
     def is_cell(filename: str) -> bool:
         return filename.startswith("<") or "ipykernel" in filename
 
+    own = [entry] if not isinstance(entry, type) else [getattr(v, "__func__", v) for v in vars(entry).values()]
+    in_a_file = any(getattr(getattr(fn, "__code__", None), "co_filename", "<>")[:1] != "<" and
+                    not is_cell(fn.__code__.co_filename) for fn in own if hasattr(fn, "__code__"))
     out = {}
     for fn in functions:
         code = getattr(fn, "__code__", None)
@@ -389,7 +392,8 @@ def _defining_sources(entry) -> dict[str, str]:
             lines = linecache.getlines(code.co_filename)
             if lines:
                 out[code.co_filename] = "".join(lines)
-    if not out:  # a class with no method of its own (`class X(Base): pass`): the last cell that defines the name
+    if not out and not in_a_file:  # a class with no method of its own (`class X(Base): pass`): the last cell
+        # that defines the name (never for code that lives in a module file, such as the reference's twins)
         import re
 
         name = getattr(entry, "__name__", "")
