@@ -188,6 +188,40 @@ CALLS_THE_OPERATION = {
         def checkpoint(fn, *args):
             return torch_checkpoint(fn, *args, use_reentrant=False)
         """),
+    "profiling.predict_step": ("predict_step_code", """
+        from ptinternals.profiling import SimulatedDevice
+        from ptinternals.profiling.overlap import StepCosts, simulate_training
+        def predict_step(copy_pinned_us, copy_pageable_us, compute_us, host_us, loop, pinned=True, item=False):
+            device = SimulatedDevice(launch_overhead_us=0.0)
+            timeline = simulate_training(StepCosts(10**6, compute_us, host_us), 8, loop, pinned=pinned, item=item,
+                                         device=device)
+            return timeline.steady_step_us
+        """),
+    "profiling.op_times": ("op_times_code", """
+        from torch.autograd.profiler_util import EventList, FunctionEvent
+        def op_times(trace):
+            events = EventList([FunctionEvent(i, e["name"], e.get("tid", 0), e["ts"], e["ts"] + e["dur"])
+                                for i, e in enumerate(trace["traceEvents"]) if e.get("ph") == "X"])
+            events._build_tree()
+            return {a.key: (a.count, a.self_cpu_time_total, a.cpu_time_total) for a in events.key_averages()}
+        """),
+    "profiling.train_fast": ("train_fast_code", """
+        import torch
+        import torch.nn.functional as F
+        def train_fast(model, batches, lr=0.1, device="cuda"):
+            opt = torch.optim.SGD(model.parameters(), lr=lr)
+            losses = []
+            for x, y in batches:                      # the loop as first written: a host wait every step
+                keep = y >= 0
+                loss = F.cross_entropy(model(x[keep].to(device)), y[keep].to(device))
+                if torch.isnan(loss):
+                    raise ValueError("loss is NaN: a batch without labelled rows")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            return losses
+        """),
     "gpt.ddp": ("ddp_code", """
         import torch.nn as nn
         DDP = nn.parallel.DistributedDataParallel
