@@ -18,6 +18,8 @@ FIRST_RESULT = "/sandbox/out/strides.contiguous_strides.result.json" if ISOLATIO
 STORAGE_INDEX_TAIL = """
 def storage_index(index, shape, strides, offset):
     tamper()
+    if len(index) != len(shape):
+        raise IndexError("an index needs one entry per dim")
     for i, size in zip(index, shape):
         if not -size <= i < size:
             raise IndexError("index out of range")
