@@ -779,7 +779,7 @@ def train_gpt(preset, overrides):
     torch.manual_seed(config.seed)
     model = GPT(config).to(device)
     optimizer = make_optimizer(model, config, device)
-    amp_dtype = getattr(torch, config.amp_dtype) if config.amp and device == "cuda" else None
+    amp_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[config.amp_dtype] if config.amp and device == "cuda" else None
     fit(model, optimizer, config, train_split, val_split, train_step, device=device, amp_dtype=amp_dtype)
     return model
     ### END SOLUTION

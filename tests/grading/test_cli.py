@@ -114,3 +114,18 @@ def test_console_script_installed():
     exe = Path(sys.executable).parent / "ptgrade"
     assert exe.exists()
     assert subprocess.run([exe, "--help"], capture_output=True).returncode == 0
+
+
+def test_validate_shows_a_policy_violation_before_submitting(tmp_path, capsys):
+    nb = submission({"sliding_windows_code": "def sliding_windows(x, size, step):\n    return x.unfold(-1, size, step)\n"})
+    path = tmp_path / "strides.ipynb"
+    nbformat.write(nb, path)
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "would score 0: .unfold (answer cell sliding_windows_code, line 2)" in out
+
+
+def test_feedback_and_autograde_options_are_checked(course, capsys):
+    with pytest.raises(SystemExit):
+        main(["autograde", "strides", "--submission-time-limit", "0"])
+    assert "--submission-time-limit must be > 0" in capsys.readouterr().err

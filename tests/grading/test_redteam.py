@@ -103,14 +103,14 @@ ATTACKS = {
         torch.equal = lambda *a, **k: True
         def contiguous_strides(shape):
             return (1,) * len(shape)
-        """), "wrong"),
+        """), "forbidden"),  # torch does not exist while this exercise is graded
     "monkeypatch_numpy": (body("""
         import numpy
         numpy.array_equal = lambda *a, **k: True
         numpy.allclose = lambda *a, **k: True
         def contiguous_strides(shape):
             return (1,) * len(shape)
-        """), "wrong"),
+        """), "forbidden"),
     "replace_the_checker": (body("""
         import ptinternals.grading
         ptinternals.grading.check = lambda *a, **k: None
@@ -265,13 +265,14 @@ def test_fork_bomb_is_contained(tmp_path):
 
 
 def _uid(status: Path) -> int | None:
+    """The uid of a live process (None for a zombie: it is dead, only waiting to be reaped)."""
     try:
-        for line in status.read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[1])
+        lines = status.read_text().splitlines()
     except OSError:
         return None
-    return None
+    if any(line.startswith("State:") and line.split()[1] in ("Z", "X") for line in lines):
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith("Uid:")), None)
 
 
 def test_deleted_test_cell_is_reported_and_still_graded(tmp_path):

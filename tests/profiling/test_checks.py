@@ -60,14 +60,13 @@ def test_gpu_activity_sweep_agrees_with_the_interval_merge():
             assert mine["utilization"] == pytest.approx(merged["utilization"]), case.label
 
 
-# ---- what the checkers rule out ----------------------------------------------------------------------------
-def _source(text: str, name: str) -> dict:
-    return {"text": text, "name": name, "line": next(i for i, line in enumerate(text.splitlines(), 1)
-                                                      if line.startswith(f"def {name}("))}
+# ---- what the checkers rule out (grading.policy, on the answer's source) -----------------------------------
+def _problems(exercise_id: str, text: str) -> str:
+    """The policy's verdict on ``text`` as one answer cell (instant feedback's view), "" when it passes."""
+    return get_exercise(exercise_id).source_problem({"<cell answer>": text}) or ""
 
 
 def test_the_loop_policy_finds_device_reads_in_loops_and_their_helpers():
-    policy = get_exercise("profiling.train_fast").policy
     text = """import torch
 
 def log(loss):
@@ -89,20 +88,20 @@ def unused():
     for _ in range(3):
         torch.cuda.synchronize()
 """
-    problems = "\n".join(policy.problems(_source(text, "train_fast")))
-    for expected in ("line 5: `item(...)`", "line 5: `print(...)`", "line 11: indexing with a boolean mask",
-                     "line 12: a tensor decides a condition"):
+    problems = _problems("profiling.train_fast", text)
+    for expected in ("`item(...)` inside the loop of line 4 (answer cell <cell answer>, line 5)",
+                     "`print(...)` inside the loop of line 4 (answer cell <cell answer>, line 5)",
+                     "indexing with a boolean mask inside the loop of line 9",
+                     "a tensor decides a condition inside the loop of line 9"):
         assert expected in problems, problems
     assert "synchronize" not in problems and "tolist" not in problems  # unreachable helper; after the loop
 
 
 def test_the_name_policy_follows_imports_into_helpers():
-    policy = get_exercise("profiling.op_times").policy
     text = "from torch.autograd.profiler_util import EventList as E\n\ndef tree(t):\n    return E(t)\n\n" \
            "def op_times(trace):\n    return tree(trace)\n"
-    assert any("EventList" in p or "profiler_util" in p for p in policy.problems(_source(text, "op_times")))
-    assert policy.problems(_source("def op_times(trace):\n    return {}\n", "op_times")) == []
-    assert policy.problems({"text": "", "name": "op_times", "line": 1})  # no source: not accepted
+    assert "profiler_util" in _problems("profiling.op_times", text)
+    assert _problems("profiling.op_times", "def op_times(trace):\n    return {}\n") == ""
 
 
 def test_a_loop_that_hides_its_syncs_from_the_detector_is_still_caught():
@@ -134,7 +133,8 @@ def train_fast(model, batches, lr=0.1, device="cuda"):
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     ns: dict = {}
     exec(compile(source, filename, "exec"), ns)
-    with pytest.raises(CheckFailure, match=r"line 14: `item\(\.\.\.\)` inside the loop"):
+    with pytest.raises(CheckFailure, match=r"`item\(\.\.\.\)` inside the loop of line \d+ \(answer cell <cell "
+                                           r"train_fast_code>, line 14\)"):
         check("profiling.train_fast", ns["train_fast"])
 
 

@@ -25,6 +25,7 @@ from ..grading._runtime import Raised, TensorInfo, Unsupported
 from ..grading.cases import draw
 from ..grading.compare import describe, same_value
 from ..grading.exercise import Case, Chapter, Exercise
+from ..grading.policy import LOW_PRECISION_CASTS, STRUCT_LIKE, Policy
 from .probes import amp as probes
 
 # name -> (exponent bits, mantissa bits, has inf, torch dtype)
@@ -177,6 +178,7 @@ def _ties(fmt: str):
 class Decode(Exercise):
     id, entry, points = "amp.decode", "decode", 1
     title = "what a bit pattern is worth"
+    policy = Policy(banned=STRUCT_LIKE, why="work on the bits with integer arithmetic")
     forbid = NO_SOLUTION_MODULES
 
     def visible_cases(self):
@@ -244,6 +246,7 @@ class Decode(Exercise):
 class Decompose(Exercise):
     id, entry, points = "amp.decompose", "decompose", 2
     title = "round a float into a format, ties to even"
+    policy = Policy(banned=STRUCT_LIKE, why="work on the bits with integer arithmetic")
     forbid = NO_SOLUTION_MODULES
 
     def visible_cases(self):
@@ -374,6 +377,8 @@ def _edge_numbers(fmt: str) -> torch.Tensor:
 
 
 class _RoundBits(Exercise):
+    policy = Policy(banned=LOW_PRECISION_CASTS,
+                    why="round with integer operations on the bit pattern (view as int32, shift, mask, add)")
     fmt = "bf16"
     probe = "ptinternals.checks.probes.amp:record_bit_ops"
     timeout_s = 30.0
@@ -538,6 +543,7 @@ _CUDA_FP32_OPS = {"layer_norm", "softmax", "log_softmax", "exp", "pow", "sum"}
 class PredictDtypes(Exercise):
     id, entry, points = "amp.predict_dtypes", "predict_dtypes", 2
     title = "predict the dtype autocast gives each layer"
+    policy = Policy(banned=STRUCT_LIKE)
     forbid = NO_SOLUTION_MODULES
 
     def visible_cases(self):
@@ -612,6 +618,7 @@ def torch_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_
 class UpdateScale(Exercise):
     id, entry, points = "amp.update_scale", "update_scale", 1
     title = "GradScaler's scale update rule"
+    policy = Policy(banned=STRUCT_LIKE)
     forbid = NO_SOLUTION_MODULES
 
     def visible_cases(self):
@@ -701,6 +708,8 @@ def _config(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_in
 class GradScalerExercise(Exercise):
     id, entry, points = "amp.grad_scaler", "GradScaler", 3
     title = "GradScaler from scratch"
+    policy = Policy(banned=("GradScaler", "ShardedGradScaler", "grad_scaler", "amp"),
+                    why="write the scaler yourself: torch's GradScaler is what it is compared with")
     probe = "ptinternals.checks.probes.amp:scaler_probe"
     timeout_s = 60.0
 
@@ -851,6 +860,8 @@ def reference_run(params, opt, data, steps, dtype, scaler, clip, accum, loss_wei
 class AmpTrain(Exercise):
     id, entry, points = "amp.amp_train", "amp_train", 3
     title = "mixed precision by hand: master weights, loss scaling, clipping, accumulation"
+    policy = Policy(banned=("autocast", "autocast_mode"),
+                    why="cast the weights and the input yourself: autocast is what this exercise does by hand")
     probe = "ptinternals.checks.probes.amp:train_probe"
     timeout_s = 90.0
     loss_rtol, delta_rtol = 1e-3, 1e-2
@@ -987,6 +998,7 @@ class AmpTrain(Exercise):
 class AmpSpeed(Exercise):
     id, entry, points = "amp.amp_speed", "amp_train", 1
     title = "the win: less memory for activations, and (on a GPU) faster steps"
+    policy = AmpTrain.policy  # the same trainer
     probe = "ptinternals.checks.probes.amp:speed_probe"
     gpu = True
     timeout_s = 120.0

@@ -23,6 +23,7 @@ from ..grading._runtime import Raised, TensorInfo
 from ..grading.cases import draw
 from ..grading.compare import close_tensors, describe
 from ..grading.exercise import Case, Chapter, Exercise, Raises
+from ..grading.policy import AUTOGRAD, Policy
 from .probes import autograd as P
 
 PROBES = "ptinternals.checks.probes.autograd"
@@ -147,6 +148,7 @@ def _fq_q(case) -> torch.Tensor:
 class Unbroadcast(Exercise):
     id, entry, points = "autograd.unbroadcast", "unbroadcast", 1
     title = "unbroadcast: sum a gradient back to an input's shape"
+    policy = Policy(banned=("sum_to_size", *AUTOGRAD), why="sum over the broadcast dims yourself")
     probe = f"{PROBES}:unbroadcast_probe"
 
     def visible_cases(self):
@@ -259,6 +261,7 @@ def _positive(t):
 class Formulas(Exercise):
     id, entry, points = "autograd.formulas", "backward_formula", 3
     title = "backward formulas for add, mul, div, matmul, exp, tanh and sum"
+    policy = Policy(banned=AUTOGRAD, why="write each backward formula with tensor operations")
     probe = f"{PROBES}:formula_probe"
 
     def visible_cases(self):
@@ -799,6 +802,9 @@ def _function_compare(got, expected, budget: int, budget_text: str, names) -> st
 class LogSumExp(Exercise):
     id, entry, points = "autograd.logsumexp", "LogSumExp", 2
     title = "a stable LogSumExp Function that saves only what backward needs"
+    policy = Policy(banned=("logsumexp", "softmax", "log_softmax", "logcumsumexp", "cross_entropy", "nll_loss",
+                            "Softmax", "LogSoftmax", "CrossEntropyLoss", "special"),
+                    why="compute the stable log-sum-exp yourself")
     probe = f"{PROBES}:logsumexp_probe"
 
     @staticmethod
@@ -909,6 +915,10 @@ def _away_from_ties(x, scale):
 class FakeQuantize(Exercise):
     id, entry, points = "autograd.fake_quantize", "FakeQuantize", 2
     title = "a straight-through estimator: fake quantization with a clipped identity gradient"
+    policy = Policy(banned=("fake_quantize_per_tensor_affine", "fake_quantize_per_tensor_affine_cachemask",
+                            "fake_quantize_per_channel_affine", "quantize_per_tensor", "quantize_per_channel", "dequantize",
+                            "FakeQuantize", "ao", "quantization"),
+                    why="quantize and dequantize with tensor arithmetic")
     probe = f"{PROBES}:fake_quantize_probe"
 
     @staticmethod
@@ -1120,6 +1130,8 @@ def _ran_on(got) -> str:
 class Checkpoint(Exercise):
     id, entry, points = "autograd.checkpoint", "checkpoint", 2
     title = "activation checkpointing: keep the input, recompute the block in backward"
+    policy = Policy(banned=("checkpoint", "checkpoint_sequential", "utils"),
+                    why="build checkpointing yourself (a torch.autograd.Function or saved_tensors_hooks)")
     probe = f"{PROBES}:checkpoint_probe"
     timeout_s = 30.0
     gpu = True  # on a GPU, dropout draws from the CUDA generator: a checkpoint must replay that one too

@@ -25,6 +25,7 @@ from ..grading._runtime import TensorInfo
 from ..grading.cases import draw
 from ..grading.compare import close_tensors, describe, same_value
 from ..grading.exercise import Case, Chapter, Exercise
+from ..grading.policy import Policy
 from .probes import dispatch as P
 
 aten = torch.ops.aten
@@ -360,6 +361,8 @@ def flop_cases(draw_):
 class FlopCounterExercise(Exercise):
     id, entry, points = "dispatch.flop_counter", "FlopCounter", 2
     title = "a FLOP-counting TorchDispatchMode"
+    policy = Policy(banned=("FlopCounterMode", "flop_counter", "flop_registry", "register_flop_formula",
+                            "get_flop_counts"), why="write the FLOP formulas yourself")
     probe = "ptinternals.checks.probes.dispatch:count_flops"
     timeout_s = 60.0
 
@@ -449,6 +452,8 @@ def trace_specs(draw_):
 class GraphTracerExercise(Exercise):
     id, entry, points = "dispatch.graph_tracer", "GraphTracer", 2
     title = "record the ATen graph of forward and backward"
+    policy = Policy(banned=("make_fx", "proxy_tensor", "symbolic_trace", "fx", "export", "aot_function",
+                            "aot_module", "dynamo", "compile"), why="record the ops yourself, from __torch_dispatch__")
     probe = "ptinternals.checks.probes.dispatch:trace_and_replay"
     timeout_s = 60.0
 
@@ -886,4 +891,7 @@ class MemoryEstimateExercise(Exercise):
 
 EXERCISES = [TensorKeys(), DispatchPath(), FlopCounterExercise(), GraphTracerExercise(), Int8TensorExercise(),
              CustomOpExercise(), MemoryEstimateExercise()]
-CHAPTER = Chapter("dispatch", exercises=EXERCISES, sandbox_files=("dispatch/scaffold.py",))
+CHAPTER = Chapter("dispatch", exercises=EXERCISES, sandbox_files=("dispatch/scaffold.py",),
+                  policy_allow=("_overloadpacket", "_scaled_dot_product_flash_attention_for_cpu",
+                                "_scaled_dot_product_flash_attention_for_cpu_backward", "_make_wrapper_subclass",
+                                "_C._disabled_torch_function_impl"))

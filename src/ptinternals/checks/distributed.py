@@ -24,6 +24,7 @@ from ..grading._runtime import TensorInfo
 from ..grading.cases import draw
 from ..grading.compare import close_tensors, describe, same_value
 from ..grading.exercise import Case, Chapter, Exercise
+from ..grading.policy import COLLECTIVES, DATA_PARALLEL, Policy
 
 PROBES = "ptinternals.checks.probes.distributed"
 SPAWN_S = 12.0  # the probe's deadline per spawn (probes.distributed.DEFAULT_DEADLINE_S)
@@ -184,6 +185,8 @@ class _PlainPython(Exercise):
     functions it called (none allowed). Unlike ``forbid``, this keeps torch importable, so the whole
     chapter is graded in one sandbox run."""
 
+    policy = Policy(no_modules=("torch", "numpy"), why="this is plain Python arithmetic")
+
     probe = f"{PROBES}:plain_python"
 
     def compare(self, case, got, expected):
@@ -220,6 +223,8 @@ class RankCase(Case):
 
 class _MultiRank(Exercise):
     """A multi-rank exercise: ``Case((world_size, ...))``; the probe returns one result per rank."""
+
+    policy = Policy(banned=DATA_PARALLEL, why="build it from torch.distributed's collectives")
 
     def shown(self, case) -> str:
         """What each rank runs, for the failure message's "call:" line."""
@@ -326,6 +331,7 @@ class RingAllReduce(_MultiRank):
     id, entry, points = "distributed.ring_all_reduce", "ring_all_reduce", 3
     title = "ring all-reduce from send/recv"
     probe = f"{PROBES}:ring_all_reduce"
+    policy = Policy(banned=(*COLLECTIVES, *DATA_PARALLEL), why="build the ring from send/recv (isend/irecv)")
     n_spawns = 5
 
     def _case(self, world_size, specs, label=""):
@@ -1093,6 +1099,7 @@ class FullyShardedExercise(_MultiRank):
 class TrainResumeExercise(_MultiRank):
     id, entry, points = "distributed.train_resume", "train", 2
     title = "a torchrun trainer that saves a checkpoint and resumes bit-identically"
+    policy = None  # training with torch's DDP is allowed here: the exercise is the resumable loop
     probe = f"{PROBES}:train_resume"
     n_spawns = 6
 
@@ -1168,4 +1175,5 @@ EXERCISES = [ChunkBounds(), RingAllReduce(), NaiveDDPExercise(), AssignBuckets()
              AccumulatingDDPExercise(), ShardBounds(), ShardedAdamWExercise(), FullyShardedExercise(),
              TrainResumeExercise()]
 CHAPTER = Chapter("distributed", exercises=EXERCISES,
-                  sandbox_files=("distributed/scaffold.py",))
+                  sandbox_files=("distributed/scaffold.py",),
+                  policy_allow=("_parameters", "setattr"))  # what swapping an nn.Module's parameters takes (FSDP)

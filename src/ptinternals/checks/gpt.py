@@ -34,6 +34,7 @@ from ..grading._runtime import TensorInfo
 from ..grading.cases import draw
 from ..grading.compare import close_tensors, describe
 from ..grading.exercise import Case, Chapter, Exercise
+from ..grading.policy import DATA_PARALLEL, Policy
 from .probes import gpt as probes
 
 PROBE = "ptinternals.checks.probes.gpt"
@@ -309,6 +310,8 @@ def _ln_train(vocab: int, width: int, n_blocks: int, seed: int, label: str = "")
 class KernelLayerNorm(Exercise):
     id, entry, points = "gpt.kernel_layer_norm", "kernel_layer_norm", 2
     title = "your Triton layer norm as a custom op, swapped into a model"
+    policy = Policy(banned=("layer_norm", "native_layer_norm", "native_layer_norm_backward", "LayerNorm"),
+                    why="use your Triton kernel")
     probe = f"{PROBE}:layer_norm_op"
     timeout_s = 120.0
 
@@ -402,6 +405,7 @@ class KernelLayerNorm(Exercise):
 class Checkpointing(Exercise):
     id, entry, points = "gpt.checkpoint", "checkpoint", 2
     title = "activation checkpointing, around each block"
+    policy = Policy(banned=("checkpoint", "checkpoint_sequential"), why="build checkpointing yourself")
     probe = f"{PROBE}:checkpoint_probe"
     timeout_s = 60.0
 
@@ -539,6 +543,7 @@ class TrainStep(Exercise):
 class DDPStep(Exercise):
     id, entry, points = "gpt.ddp", "DDP", 2
     title = "your DDP on two ranks equals one process on the whole batch"
+    policy = Policy(banned=DATA_PARALLEL, why="build DDP from torch.distributed's collectives")
     probe = f"{PROBE}:ddp_probe"
     timeout_s = 90.0
 
@@ -733,4 +738,5 @@ class TrainGPU(Exercise):
 EXERCISES = [GPTForward(), KernelLayerNorm(), Checkpointing(), TrainStep(), DDPStep(), TrainGPT(), TrainGPU()]
 CHAPTER = Chapter("gpt", exercises=EXERCISES,
                   sandbox_files=("gpt/config.py", "gpt/corpus.py", "gpt/loop.py", "gpt/scaffold.py",
-                                 "gpt/data/tinyshakespeare.txt.gz"))
+                                 "gpt/data/tinyshakespeare.txt.gz"),
+                  policy_allow=("Variable._execution_engine",))  # DDP's end-of-backward callback

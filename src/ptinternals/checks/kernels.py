@@ -34,6 +34,7 @@ from ..grading._runtime import TensorInfo
 from ..grading.cases import draw
 from ..grading.compare import close_tensors, describe, same_value
 from ..grading.exercise import Case, Chapter, Exercise
+from ..grading.policy import AUTOGRAD, HOST_MATH, Policy
 from ..kernels.costs import (
     H200_PEAKS,
     attention_cost,
@@ -244,6 +245,7 @@ class KernelExercise(Exercise):
     """A kernel wrapper called through the guarded probe; subclasses compare the output itself."""
 
     probe = "ptinternals.checks.probes.kernels:kernel_case"
+    policy = Policy(banned=HOST_MATH, why="the kernel must do the arithmetic")
     gpu = True
     timeout_s = 60.0
     allowed_math: frozenset = frozenset()  # MATH_OPS this exercise's wrapper may still use
@@ -423,6 +425,8 @@ class VectorAdd(KernelExercise):
 class Softmax(KernelExercise):
     id, entry, points = "kernels.softmax", "softmax", 2
     title = "fused row softmax"
+    policy = Policy(banned=(*HOST_MATH, "softmax", "log_softmax", "Softmax", "special"),
+                    why="the kernel must compute the softmax")
     perf_hint = (
         "a softmax reads and writes each element once: check that one program handles a whole row "
         "with enough warps (num_warps 8-16 for 4096 columns) and that loads are coalesced."
@@ -518,6 +522,8 @@ def _ln_stats64(x, eps):
 class LayerNormForward(KernelExercise):
     id, entry, points = "kernels.layer_norm_forward", "layer_norm_forward", 2
     title = "layer norm forward, with the statistics saved for backward"
+    policy = Policy(banned=(*HOST_MATH, "layer_norm", "native_layer_norm", "LayerNorm"),
+                    why="the kernel must compute the layer norm")
     perf_hint = (
         "layer norm forward is memory-bound: one program per row, the whole row in registers, and "
         "num_warps large enough (8-16) for 8192 columns."
@@ -604,6 +610,8 @@ class LayerNormForward(KernelExercise):
 class LayerNormBackward(KernelExercise):
     id, entry, points = "kernels.layer_norm_backward", "layer_norm_backward", 2
     title = "layer norm backward: dx per row, dweight and dbias across rows"
+    policy = Policy(banned=(*HOST_MATH, "layer_norm", "native_layer_norm", "native_layer_norm_backward",
+                            "LayerNorm", *AUTOGRAD), why="the kernels must compute the gradients")
     allowed_math = frozenset({"sum"})  # the last stage of the dweight/dbias reduction may be a torch .sum(0)
     perf_hint = (
         "the backward is memory-bound too: dx one row per program, and the partial dweight/dbias rows "
@@ -763,6 +771,9 @@ class GroupedTileOrder(Exercise):
 class Matmul(KernelExercise):
     id, entry, points = "kernels.matmul", "matmul", 3
     title = "blocked matmul with tl.dot and grouped ordering"
+    policy = Policy(banned=(*HOST_MATH, "@", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "tensordot", "linear",
+                            "Linear", "__matmul__", "mv", "addmv", "chain_matmul", "multi_dot"),
+                    why="the kernel must compute the product (tl.dot on tiles)")
     timeout_s = 180.0  # on a GPU: compiling and autotuning the configs, then the 4096^3 benchmarks
     perf_hint = (
         "at 4096^3 a matmul is compute-bound: autotune BLOCK_M/N/K (128x256x64 or 128x128x64), "
@@ -861,6 +872,9 @@ class Matmul(KernelExercise):
 class FlashAttention(KernelExercise):
     id, entry, points = "kernels.flash_attention", "flash_attention", 3
     title = "flash attention forward: online softmax over K/V tiles"
+    policy = Policy(banned=(*HOST_MATH, "@", "scaled_dot_product_attention", "softmax", "matmul", "bmm", "baddbmm",
+                            "einsum", "MultiheadAttention", "multi_head_attention_forward"),
+                    why="the kernel must compute attention")
     timeout_s = 180.0  # on a GPU: compiling and autotuning the configs, then the benchmarks
     perf_hint = (
         "attention is compute-bound: 128-row Q tiles, 64-128-row K/V tiles, exp2 with the scale folded "
@@ -1017,6 +1031,8 @@ OPCHECK_HINTS = {
 class CustomOp(Exercise):
     id, entry, points = "kernels.custom_op", "layer_norm_op", 2
     title = "a Triton kernel as a PyTorch operator: custom_op, register_fake, register_autograd"
+    policy = Policy(banned=("layer_norm", "native_layer_norm", "LayerNorm"),
+                    why="register your own Triton layer norm")
     probe = "ptinternals.checks.probes.kernels:custom_op_case"
     gpu = True
     timeout_s = 90.0

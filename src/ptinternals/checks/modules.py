@@ -253,8 +253,8 @@ def _raised(result) -> bool:
 # ================================================================================================
 # How the answers may be written: a static check of the answer cells' source, in the trusted process
 # ================================================================================================
-# Self-contained, to move to ptinternals.grading when its generic mechanism for trusted-side static policies
-# lands (then only the SourcePolicy instances of the exercises stay here). Why static: every measurement made
+# A rule set of its own (an exercise's ``policy``), judged by the grader's trusted hook for static policies
+# (``Exercise.source_problem``) on the notebook's source, like a ``grading.policy.Policy``. Why static: every measurement made
 # in the sandbox runs in the student's own process and can be forged (monkeypatching, a TorchFunctionMode,
 # rebinding the probe's functions); the source of the answer cells cannot, and this process reads it from
 # the submitted notebook. What it enforces:
@@ -661,11 +661,6 @@ class ModulesExercise(Exercise):
     def compare(self, case, got, expected):
         found = first_difference(got, expected)
         return None if found is None else difference_text(found)
-
-    def source_problem(self, sources: dict[str, str], own_cell: str | None = None) -> str | None:
-        if self.policy is None:
-            return None
-        return self.policy.problem(self, sources, own_cell)
 
 
 # ================================================================================================

@@ -21,9 +21,9 @@ Where the expected values come from:
   and its top three read with torch's tree code.
 
 Answers run sandbox-side through ``ptinternals.checks.probes.profiling``. Some exercises also have a
-:class:`SourcePolicy`: what the answer's code may not do (use torch's profiler tree code, build a
-simulator, read the device inside the training loop), checked here on the source of the code the
-entry point reaches.
+``policy`` (``grading.policy.Policy``): what the answer's code may not do (use torch's profiler tree
+code, build a simulator, read the device inside the training loop), checked by the trusted grader on
+the notebook's source before the answer runs.
 """
 from __future__ import annotations
 
@@ -42,12 +42,12 @@ from hypothesis import strategies as st
 from ..grading.cases import cases_from, draw
 from ..grading.compare import close_tensors, describe
 from ..grading.exercise import Case, Chapter, Exercise, Raises
+from ..grading.policy import Policy
 from ..profiling import overlap as ref_overlap
 from ..profiling import sync_programs
 from ..profiling.scaffold import DEVICE_CATEGORIES, HOST_CATEGORIES, make_batches, make_model
 from ..profiling.training_loops import train_with_hidden_syncs
 from .probes import profiling as P
-from .source_policy import SourcePolicy, policy_message
 
 PROBES = "ptinternals.checks.probes.profiling"
 
@@ -721,8 +721,8 @@ class PredictStep(Exercise):
     id, entry, points = "profiling.predict_step", "predict_step", 2
     title = "the step time of three training loops, in closed form"
     probe = f"{PROBES}:formula_probe"
-    policy = SourcePolicy(names=("SimulatedDevice", "async_device", "simulate_training"),
-                          why="the answer is a formula: build no simulator")
+    policy = Policy(banned=("SimulatedDevice", "async_device", "simulate_training"),
+                    why="the answer is a formula: build no simulated device")
     boundary_classes = {
         "zero-byte copies": lambda c, e: c.args[0] == 0 and c.args[4] in ref_overlap.LOOPS,
         "a copy exactly as long as the compute": lambda c, e: c.args[0] == c.args[2] > 0,
@@ -797,9 +797,6 @@ class PredictStep(Exercise):
         if got["simulated"]:
             return (f"your answer built {got['simulated']} simulated device(s): predict_step is a formula "
                     f"(draw the timeline on paper, not on the simulator)")
-        problem = policy_message(self.policy, got["source"])
-        if problem:
-            return problem
         v = got["value"]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return f"expected a number of microseconds, got {describe(v)}"
@@ -1165,9 +1162,9 @@ class OpTimes(Exercise):
     title = "self and total time per op, from an exported trace"
     probe = f"{PROBES}:trace_probe"
     timeout_s = 60.0
-    policy = SourcePolicy(names=("profiler_util", "EventList", "FunctionEvent", "key_averages", "_build_tree",
-                                 "_populate_cpu_children", "_remove_dup_nodes", "profiler"),
-                          why="this exercise is to write what torch's profiler tree code does")
+    policy = Policy(banned=("profiler_util", "EventList", "FunctionEvent", "key_averages", "_build_tree",
+                            "_populate_cpu_children", "_remove_dup_nodes", "profiler"),
+                    why="this exercise is to write what torch's profiler tree code does")
     boundary_classes = {
         **{name: (lambda c, e, n=name: c.label == n) for name in HAND_TRACES},
         "a trace without host events": lambda c, e: e == {},
@@ -1205,9 +1202,6 @@ class OpTimes(Exercise):
             return f"expected a dict, got {describe(got)}"
         if got["modified"]:
             return "your code modified the trace it was given"
-        problem = policy_message(self.policy, got["source"])
-        if problem:
-            return problem
         value = got["value"]
         if not isinstance(value, dict):
             return f"expected a dict {{name: (count, self_us, total_us)}}, got {describe(value)}"
@@ -1554,7 +1548,7 @@ FAST_HINTS = {
 class TrainFast(Exercise):
     """Expected: the losses and final parameters of ``training_loops.train_with_hidden_syncs`` (torch on the
     CPU); one implicit sync (none without batches), no explicit sync and no stall, judged here from the
-    sandbox's description of the run; no device read inside the loop (``SourcePolicy``)."""
+    sandbox's description of the run; no device read inside the loop (``policy``, checked on the source)."""
 
     id, entry, points = "profiling.train_fast", "train_fast", 2
     title = "a training loop without hidden syncs"
@@ -1573,10 +1567,12 @@ class TrainFast(Exercise):
         "a learning rate other than the default": lambda c, e: len(c.args) > 6,
         "the batches checked after the call": lambda c, e: c.args[1] > 0 and not isinstance(e, Raises),
     }
-    policy = SourcePolicy(in_loops=("item", "cpu", "tolist", "numpy", "nonzero", "masked_select", "unique",
-                                    "synchronize", "print"),
-                          mask_index_in_loops=True, tensor_tests_in_loops=True,
-                          why="it makes the host wait for the device every step")
+    policy = Policy(in_loops=("item", "cpu", "tolist", "numpy", "nonzero", "masked_select", "unique", "synchronize",
+                              "print"),
+                    mask_index_in_loops=True, tensor_tests_in_loops=True,
+                    why="each of these makes the host wait for the device every step: keep each loss on the device "
+                        "(loss.detach()) and read them all once, after the loop; leave unlabelled rows to "
+                        "cross_entropy (ignore_index=-1 skips them without a mask)")
 
     def visible_cases(self):
         return [
@@ -1642,7 +1638,7 @@ class TrainFast(Exercise):
             return (f"{len(syncs)} host sync(s); expected {expected['syncs']} "
                     f"({'one read of all the losses, after the loop' if expected['syncs'] else 'no batches, no read'})"
                     + (f":\n  {shown}" if syncs else ""))
-        return policy_message(self.policy, got["source"])
+        return None
 
     def diagnose(self, case, got, expected):
         if isinstance(expected, Raises):

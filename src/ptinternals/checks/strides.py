@@ -16,6 +16,7 @@ from ..grading._runtime import TensorInfo
 from ..grading.cases import cases_from, draw
 from ..grading.compare import close_tensors, describe, same_value
 from ..grading.exercise import Case, Chapter, Exercise, Raises
+from ..grading.policy import COPIES, Policy
 
 # ---- helpers ------------------------------------------------------------------------------------
 
@@ -426,6 +427,8 @@ class SliceView(StridesExercise):
 class SlidingWindows(StridesExercise):
     id, entry, points = "strides.sliding_windows", "sliding_windows", 2
     title = "sliding windows as a zero-copy view"
+    policy = Policy(banned=("unfold", "Unfold", "sliding_window_view", *COPIES),
+                    why="build the windows with as_strided from x's strides (unfold is what this exercise builds)")
     probe = "ptinternals.checks.probes.strides:record_torch_calls"
     banned_calls = ("unfold", "clone", "contiguous", "copy_", "stack", "cat")
 
@@ -487,6 +490,8 @@ class SlidingWindows(StridesExercise):
 class Im2Col(StridesExercise):
     id, entry, points = "strides.im2col", "im2col", 2
     title = "im2col patches as a view, for convolution as a matmul"
+    policy = Policy(banned=("unfold", "Unfold", "sliding_window_view", "conv2d", "conv1d", "Conv2d", *COPIES),
+                    why="build the patches with as_strided from x's strides (F.unfold is what this exercise builds)")
     probe = "ptinternals.checks.probes.strides:record_torch_calls"
     banned_calls = ("unfold", "clone", "contiguous", "copy_", "stack", "cat", "conv2d")
 

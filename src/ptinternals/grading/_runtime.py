@@ -3,17 +3,23 @@
 This file runs in two places:
 
 * inside the grading sandbox, as a script (``python -I -S _runtime.py JOB_DIR OUT_DIR``), in a fresh
-  process that holds no grader state: it executes the student's answer cells, calls each exercise's
-  entry point on the cases the grader chose, and writes the results as JSON plus ``.npy`` arrays
-  (never pickle). The grade is computed elsewhere, by the trusted process that reads these files.
+  process that holds no grader state: it reads a secret key from stdin (before any student code runs),
+  executes the student's answer cells, calls each exercise's entry point on the cases the grader chose,
+  and writes the results as JSON plus ``.npy`` arrays (never pickle), each result sealed with an HMAC
+  under that key, then ends its own process. In a *plain* job (exercises that forbid torch or numpy,
+  which are then absent from the sandbox) it imports neither, and inputs and results are plain JSON.
+  The grade is computed elsewhere, by the trusted process that reads these files.
 * inside the student's own kernel, imported by ``ptinternals.grading.check`` for instant feedback,
   so that both paths call and encode student code in exactly the same way.
 
 It imports only the standard library at module level (numpy and torch lazily), because it must work
-in a sandbox where the course's reference implementations do not exist.
+in a sandbox where the course's reference implementations (and maybe torch and numpy) do not exist.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
+import io
 import json
 import math
 import os
@@ -90,8 +96,13 @@ def _exact(x, base):
     raise TypeError(base)
 
 
-def encode(obj, arrays: dict, ctx: dict | None = None, depth: int = 0):
-    """Turn ``obj`` into a JSON-able tree; tensors/arrays go into ``arrays`` under generated names."""
+def encode(obj, arrays: dict, ctx: dict | None = None, depth: int = 0, plain: bool = False):
+    """Turn ``obj`` into a JSON-able tree; tensors/arrays go into ``arrays`` under generated names.
+
+    ``plain``: the run has no torch and no numpy (they are absent from its filesystem): only Python's
+    own values cross (ints, floats, strings, tuples, lists, dicts, None, bools, exceptions), and
+    ``sys.modules`` is never consulted, whatever a cell put there.
+    """
     ctx = ctx or {}
     if depth > 50:
         return {"__unsupported__": "deep structure", "text": "nested more than 50 levels"}
@@ -110,15 +121,17 @@ def encode(obj, arrays: dict, ctx: dict | None = None, depth: int = 0):
     if isinstance(obj, str):
         return _exact(obj, str)[:100_000]
     if isinstance(obj, tuple):
-        return {"__tuple__": [encode(x, arrays, ctx, depth + 1) for x in _exact(obj, tuple)]}
+        return {"__tuple__": [encode(x, arrays, ctx, depth + 1, plain) for x in _exact(obj, tuple)]}
     if isinstance(obj, list):
-        return [encode(x, arrays, ctx, depth + 1) for x in _exact(obj, list)]
+        return [encode(x, arrays, ctx, depth + 1, plain) for x in _exact(obj, list)]
     if type(obj) is dict:
-        return {"__dict__": [[encode(k, arrays, ctx, depth + 1), encode(v, arrays, ctx, depth + 1)] for k, v in dict.items(obj)]}
+        return {"__dict__": [[encode(k, arrays, ctx, depth + 1, plain), encode(v, arrays, ctx, depth + 1, plain)]
+                             for k, v in dict.items(obj)]}
     if type(obj) is slice:
-        return {"__slice__": [encode(obj.start, arrays, ctx), encode(obj.stop, arrays, ctx), encode(obj.step, arrays, ctx)]}
-    torch = sys.modules.get("torch")
-    np = sys.modules.get("numpy")
+        return {"__slice__": [encode(obj.start, arrays, ctx, depth + 1, plain), encode(obj.stop, arrays, ctx, depth + 1, plain),
+                              encode(obj.step, arrays, ctx, depth + 1, plain)]}
+    torch = None if plain else sys.modules.get("torch")
+    np = None if plain else sys.modules.get("numpy")
     if torch is not None and not isinstance(torch, _Forbidden):
         if isinstance(obj, torch.Size):
             return {"__tuple__": [int(s) for s in obj]}
@@ -172,46 +185,100 @@ def _encode_tensor(t, arrays: dict, ctx: dict):
     }
 
 
-def decode(tree, arrays: dict, *, to_torch: bool = True, device: str = "cpu"):
-    """Inverse of :func:`encode`. Tensors come back as torch tensors (inputs) or ``TensorInfo`` (results)."""
+MAX_DIMS = 64
+
+
+def _dtype_named(torch, name):
+    """The torch dtype called ``name`` ("float32"); anything else in torch's namespace is refused."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{str(name)[:40]!r} is not a torch dtype")
+    return dtype
+
+
+def _int_list(x, what: str, min_value=None) -> tuple:
+    if not isinstance(x, list) or len(x) > MAX_DIMS or any(type(v) is not int for v in x):
+        raise ValueError(f"{what} must be a list of at most {MAX_DIMS} ints")
+    if min_value is not None and any(v < min_value for v in x):
+        raise ValueError(f"{what} has a value below {min_value}")
+    return tuple(x)
+
+
+def decode(tree, arrays: dict, *, to_torch: bool = True, device: str = "cpu", plain: bool = False, depth: int = 0):
+    """Inverse of :func:`encode`. Tensors come back as torch tensors (inputs) or ``TensorInfo`` (results).
+
+    Results (``to_torch=False``) come from the sandbox, so their shape is checked as they are read:
+    dtypes must be dtypes, shapes must match the bytes, a meta tensor (no values) or a tensor in a
+    ``plain`` run is an :class:`Unsupported` value; anything malformed raises ValueError.
+    """
+    if depth > 100:
+        if to_torch:
+            raise ValueError("nested more than 100 levels")
+        return Unsupported("deep structure", "nested more than 100 levels")
+
+    def sub(x):
+        return decode(x, arrays, to_torch=to_torch, device=device, plain=plain, depth=depth + 1)
+
     if isinstance(tree, list):
-        return [decode(x, arrays, to_torch=to_torch, device=device) for x in tree]
+        return [sub(x) for x in tree]
     if not isinstance(tree, dict):
-        return tree
+        if tree is None or isinstance(tree, (bool, int, float, str)):
+            return tree
+        raise ValueError(f"cannot decode a {type(tree).__name__}")
     if "__tuple__" in tree:
-        return tuple(decode(x, arrays, to_torch=to_torch, device=device) for x in tree["__tuple__"])
+        return tuple(sub(x) for x in tree["__tuple__"])
     if "__dict__" in tree:
-        return {decode(k, arrays): decode(v, arrays, to_torch=to_torch, device=device) for k, v in tree["__dict__"]}
+        return {sub(k): sub(v) for k, v in tree["__dict__"]}
     if "__float__" in tree:
-        return float(tree["__float__"])
+        return float(str(tree["__float__"])[:40])
     if "__raised__" in tree:
-        return Raised(str(tree["__raised__"]), str(tree.get("message", "")))
+        return Raised(str(tree["__raised__"])[:200], str(tree.get("message", ""))[:MAX_MESSAGE])
     if "__unsupported__" in tree:
-        return Unsupported(str(tree["__unsupported__"]), str(tree.get("text", "")))
+        return Unsupported(str(tree["__unsupported__"])[:200], str(tree.get("text", ""))[:200])
     if "__slice__" in tree:
-        return slice(*(decode(x, arrays) for x in tree["__slice__"]))
+        return slice(*(sub(x) for x in tree["__slice__"]))
+    if plain:  # no torch or numpy value can come from a run without them
+        if to_torch:
+            raise ValueError(f"a plain job cannot carry {sorted(tree)[:1]}")
+        return Unsupported("tensor or array", "a run without torch and numpy cannot return one")
     import torch
 
     if "__dtype__" in tree:
-        return getattr(torch, tree["__dtype__"])
+        return _dtype_named(torch, tree["__dtype__"])
     if "__device__" in tree:
-        return torch.device(tree["__device__"])
+        return torch.device(str(tree["__device__"])[:40])
     if "__ndarray__" in tree:
         return arrays[tree["__ndarray__"]]
     if "__tensor__" in tree:
-        dtype = getattr(torch, tree["dtype"])
-        shape = tuple(tree["shape"])
+        dtype = _dtype_named(torch, tree["dtype"])
+        shape = _int_list(tree["shape"], "shape", 0)
         if tree["__tensor__"] is None:
+            if not to_torch:  # a meta (or otherwise value-less) tensor: nothing the grader can compare
+                return Unsupported("meta tensor", f"a tensor without values, shape {shape}")
             values = torch.empty(shape, dtype=dtype, device="meta")
         else:
             arr = arrays[tree["__tensor__"]]
             values = torch.from_numpy(arr.copy())
             if values.dtype != dtype:  # bf16 / fp8 travelled as their bit patterns
+                if values.element_size() != dtype.itemsize:
+                    raise ValueError(f"values of {values.dtype} cannot be a {dtype} tensor")
                 values = values.view(dtype)
+            numel = 1
+            for s in shape:
+                numel *= s
+            if values.numel() != numel:
+                raise ValueError(f"shape {shape} needs {numel} values, got {values.numel()}")
             values = values.reshape(shape)
         if not to_torch:
-            return TensorInfo(values, shape, tree["stride"], tree["storage_offset"], tree["dtype"], tree["device"],
-                              tree.get("shares_storage_with", []), tree.get("requires_grad", False))
+            stride = _int_list(tree["stride"], "stride")
+            if stride and len(stride) != len(shape):
+                raise ValueError("stride and shape differ in length")
+            offset = tree["storage_offset"]
+            shares = tree.get("shares_storage_with", [])
+            if type(offset) is not int or not isinstance(shares, list) or not all(type(i) is int for i in shares):
+                raise ValueError("malformed tensor metadata")
+            return TensorInfo(values, shape, stride, offset, str(tree["dtype"]), str(tree["device"])[:20],
+                              shares, bool(tree.get("requires_grad", False)))
         # An input: rebuild the exact layout (non-contiguous strides included) on the target device.
         stride, offset = tuple(tree["stride"]), int(tree["storage_offset"])
         t = values.to(device)
@@ -333,48 +400,82 @@ def _write_json(path, obj, _dump=json.dump, _replace=os.replace, _open=open):
     _replace(tmp, path)
 
 
+def _read_key(stream) -> bytes:
+    """The run's secret key, sent by the grader on stdin and read before any student code runs.
+
+    Each result file carries an HMAC of its content (and of its arrays' bytes) under this key, so a
+    result file written or altered by the student's own code (which can write to the output folder,
+    and read the harness's files, but never saw the key) is refused. stdin is closed afterwards."""
+    try:
+        key = bytes.fromhex(stream.readline().strip())
+    except (OSError, ValueError):
+        key = b""
+    try:
+        stream.close()
+        os.close(0)
+    except OSError:
+        pass
+    return key
+
+
+def seal(key: bytes, payload: bytes, _new=hmac.new, _sha256=hashlib.sha256) -> bytes:
+    """``payload`` prefixed by the hex HMAC-SHA256 of it under ``key`` and a newline (see :func:`unseal`).
+    The hash functions are bound when this module loads: a cell that replaces ``hmac`` learns nothing."""
+    return _new(key, payload, _sha256).hexdigest().encode() + b"\n" + payload
+
+
+def unseal(key: bytes, data: bytes) -> bytes | None:
+    """The payload of a sealed file, or None when its HMAC does not match ``key``."""
+    mac, _, payload = data.partition(b"\n")
+    ok = hmac.compare_digest(mac, hmac.new(key, payload, hashlib.sha256).hexdigest().encode())
+    return payload if ok and key else None
+
+
 def main(job_dir: str, out_dir: str) -> int:
     # Everything the harness needs is bound *before* student code runs, so rebinding names in
     # json/os/numpy from a cell cannot change what the harness writes.
-    _open, _dump, _replace, _time = open, json.dump, os.replace, time.perf_counter
+    _open, _dump, _dumps, _replace, _time, _now = open, json.dump, json.dumps, os.replace, time.perf_counter, time.time
     _encode, _decode, _call, _storages, _probe = encode, decode, call_case, arg_storages, _load_probe
-    _setitimer, _signal = signal.setitimer, signal.signal
-    with _open(os.path.join(job_dir, "job.json")) as f:
+    _setitimer, _signal, _exit, _join = signal.setitimer, signal.signal, os._exit, os.path.join
+    _stdout, _stderr = sys.stdout, sys.stderr
+    with _open(_join(job_dir, "job.json")) as f:
         job = json.load(f)
     if job.get("format") != FORMAT_VERSION:
         raise SystemExit(f"job format {job.get('format')} != {FORMAT_VERSION}")
+    key = _read_key(sys.stdin) if job.get("key_on_stdin") else b""
+    _seal, _sha256, _bytesio = seal, hashlib.sha256, io.BytesIO
+    plain = bool(job.get("plain"))  # no torch, no numpy: inputs and results are plain JSON
     sys.path[:0] = [p for p in job.get("sys_path", []) if p not in sys.path]
     sys.setrecursionlimit(5000)
-    # Modules this run must not see: the reference implementations and the exercise's forbidden ones.
+    # Modules this run must not see: the reference implementations (absent from the sandbox's copy of
+    # the course package; this finder only makes the error message say why).
     sys.meta_path.insert(0, _Blocker(job.get("blocked_modules", []), job.get("allowed_modules", []),
                                      "{name} is not available while grading: graded code must not call the "
                                      "course's reference implementation"))
-    import numpy as _np_in  # the harness reads inputs with numpy even when student code may not use it
-
-    for name in job.get("forbid", []):
-        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-            del sys.modules[mod]
-        sys.modules[name] = _Forbidden(name, job.get("forbid_context", "this exercise"))
-    if "numpy" not in job.get("forbid", []):
+    if job.get("forbid") and not job.get("forbid_absent"):
+        # Process isolation cannot make a package absent: a finder refuses the import, a speed bump
+        # only (``ptgrade`` requires --allow-weak-isolation to grade like this).
+        sys.meta_path.insert(0, _Blocker(job["forbid"], (), "{name} is not available in this exercise: implement "
+                                                             "the algorithm yourself"))
+    if not plain:
         import numpy as np  # noqa: F401  (imported before student code, for the encoder)
-    if "torch" not in job.get("forbid", []):
         import torch
 
         torch.manual_seed(0)
         _data_ptr = torch.UntypedStorage.data_ptr  # noqa: F841  (bound early)
-    _np_save = sys.modules["numpy"].save if "numpy" in sys.modules and not isinstance(sys.modules["numpy"], _Forbidden) else None
+    _np = None if plain else sys.modules["numpy"]
+    _np_save = None if plain else _np.save
 
     arrays_in = {}
-
     for name in job.get("input_arrays", []):
-        arrays_in[name] = _np_in.load(os.path.join(job_dir, name + ".npy"), allow_pickle=False)
+        arrays_in[name] = _np.load(_join(job_dir, name + ".npy"), allow_pickle=False)
 
-    progress = os.path.join(out_dir, "progress.jsonl")
+    progress = _join(out_dir, "progress.jsonl")
 
     def mark(event: dict) -> None:
-        event["t"] = time.time()  # the grader's watchdog kills the run when one step overstays its limit
+        event["t"] = _now()  # read by the grader to tell where a killed run stopped (never trusted for limits)
         with _open(progress, "a") as f:
-            f.write(json.dumps(event) + "\n")
+            f.write(_dumps(event) + "\n")
             f.flush()
 
     def on_alarm(signum, frame):
@@ -387,10 +488,10 @@ def main(job_dir: str, out_dir: str) -> int:
         if cell["id"] in job.get("skip_cells", []):
             cell_reports.append({"id": cell["id"], "status": "skipped"})
             continue
-        mark({"cell": cell["id"], "limit": float(job.get("cell_timeout_s", 30))})
+        mark({"cell": cell["id"]})
         t0 = _time()
-        signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, float(job.get("cell_timeout_s", 30)))
+        _signal(signal.SIGALRM, on_alarm)
+        _setitimer(signal.ITIMER_REAL, float(job.get("cell_timeout_s", 30)))
         try:
             source = strip_magics(cell["source"])
             import linecache
@@ -412,6 +513,7 @@ def main(job_dir: str, out_dir: str) -> int:
             else:
                 exec(compile(source, f"<cell {cell['id']}>", "exec"), ns)
             cell_reports.append({"id": cell["id"], "status": "ok", "s": _time() - t0})
+            mark({"cell_done": cell["id"]})
         except CaseTimeout:
             cell_reports.append({"id": cell["id"], "status": "error", "error": "Timeout",
                                  "message": f"the cell ran past {job.get('cell_timeout_s', 30)} s", "where": ""})
@@ -421,14 +523,14 @@ def main(job_dir: str, out_dir: str) -> int:
             cell_reports.append({"id": cell["id"], "status": "error", "error": type(e).__name__,
                                  "message": _exc_message(e), "where": where})
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    _write_json(os.path.join(out_dir, "cells.json"), cell_reports, _dump, _replace, _open)
+            _setitimer(signal.ITIMER_REAL, 0)
+    _write_json(_join(out_dir, "cells.json"), cell_reports, _dump, _replace, _open)
 
     # 2. Each exercise: look up its entry point, run its cases under a time limit, write the results.
     for ex in job["exercises"]:
         if ex["id"] in job.get("skip_exercises", []):
             continue
-        mark({"exercise": ex["id"], "limit": float(ex.get("timeout_s", 20))})
+        mark({"exercise": ex["id"]})
         t0 = _time()
         arrays_out: dict = {}
         results = []
@@ -443,29 +545,45 @@ def main(job_dir: str, out_dir: str) -> int:
                 _setitimer(signal.ITIMER_REAL, float(ex.get("timeout_s", 20)))
                 for case in ex["cases"]:
                     device = ex.get("device", job.get("device", "cpu"))
-                    args = _decode(case["args"], arrays_in, device=device)
-                    kwargs = _decode(case.get("kwargs", {"__dict__": []}), arrays_in, device=device)
-                    storages = _storages(args, kwargs)
+                    args = _decode(case["args"], arrays_in, device=device, plain=plain)
+                    kwargs = _decode(case.get("kwargs", {"__dict__": []}), arrays_in, device=device, plain=plain)
+                    storages = [] if plain else _storages(args, kwargs)
                     got = _call(entry, args, kwargs, probe)
                     if isinstance(got, Raised) and got.type == "MemoryError":
                         status = "memory"  # do not run a memory bomb once per case
                         break
-                    results.append(_encode(got, arrays_out, {"arg_storages": storages}))
+                    results.append(_encode(got, arrays_out, {"arg_storages": storages}, plain=plain))
             except CaseTimeout:
                 status = "timeout"
             except BaseException as e:  # an error in the probe or decoding: report, do not die
                 status = "harness-error"
-                results.append(_encode(Raised(type(e).__name__, _exc_message(e)), arrays_out))
+                results.append(_encode(Raised(type(e).__name__, _exc_message(e)), arrays_out, plain=True))
             finally:
                 _setitimer(signal.ITIMER_REAL, 0)
         out_name = ex["id"].replace("/", "_")
+        digests = {}
         for name, arr in arrays_out.items():
-            (_np_save or _np_in.save)(os.path.join(out_dir, f"{out_name}.{name}.npy"), arr, allow_pickle=False)
-        _write_json(os.path.join(out_dir, f"{out_name}.result.json"),
-                    {"id": ex["id"], "status": status, "results": results, "arrays": sorted(arrays_out),
-                     "s": _time() - t0}, _dump, _replace, _open)
+            buf = _bytesio()
+            _np_save(buf, arr, allow_pickle=False)
+            data = buf.getvalue()
+            digests[name] = _sha256(data).hexdigest()  # sealed with the result: an altered array is refused
+            with _open(_join(out_dir, f"{out_name}.{name}.npy"), "wb") as f:
+                f.write(data)
+        payload = _dumps({"id": ex["id"], "status": status, "results": results, "arrays": digests,
+                          "s": _time() - t0}).encode()
+        tmp = _join(out_dir, f"{out_name}.result.json.tmp")
+        with _open(tmp, "wb") as f:
+            f.write(_seal(key, payload))
+        _replace(tmp, _join(out_dir, f"{out_name}.result.json"))
     mark({"done": True})
-    return 0
+    # End the process here: a thread the student started (daemon or not) cannot keep it alive.
+    for stream in (_stdout, _stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 (a stream a cell closed or replaced)
+            pass
+    _exit(0)
+    return 0  # pragma: no cover (only when os._exit was made a no-op, which it cannot be from here)
 
 
 if __name__ == "__main__":

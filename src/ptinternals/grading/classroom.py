@@ -46,6 +46,24 @@ class Course:
     def report_path(self, student: str, assignment: str, pending: bool = False) -> Path:
         return self.reports / student / f"{assignment}{'.pending' if pending else ''}.json"
 
+    def failed_path(self, student: str, assignment: str) -> Path:
+        """Why the last attempt to grade this submission failed (absent once it is graded)."""
+        return self.reports / student / f"{assignment}.failed.json"
+
+    def status(self, student: str, assignment: str) -> tuple[str, str]:
+        """("graded" | "not graded" | "not submitted", reason) of one submission, from the reports."""
+        failed = self.failed_path(student, assignment)
+        if failed.exists():
+            try:
+                return "not graded", str(json.loads(failed.read_text()).get("reason", ""))[-500:]
+            except ValueError:
+                return "not graded", "unreadable failure record"
+        if self.report_path(student, assignment).exists():
+            return "graded", ""
+        if (self.submitted / student / assignment).is_dir():
+            return "not graded", "no trusted report yet (run ptgrade autograde)"
+        return "not submitted", ""
+
     def needs_grading(self, student: str, assignment: str) -> bool:
         final = self.report_path(student, assignment)
         if not final.exists():
@@ -58,7 +76,25 @@ class Course:
         return newest > final.stat().st_mtime
 
 
-def nbgrader_config(course: Course, *, isolation: str = "auto", device: str = "auto", worker: int = 0):
+def unsafe_entries(folder: Path, limit: int = 20) -> list[str]:
+    """What in a submission folder is neither a regular file nor a folder (links, FIFOs, devices): such a
+    submission is not graded (nbgrader would follow a link while copying it)."""
+    import stat
+
+    bad = []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            path = Path(root) / name
+            mode = path.lstat().st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                bad.append(f"{path.relative_to(folder)} ({'a link' if stat.S_ISLNK(mode) else 'not a regular file'})")
+                if len(bad) >= limit:
+                    return bad
+    return bad
+
+
+def nbgrader_config(course: Course, *, isolation: str = "auto", device: str = "auto", worker: int = 0,
+                    allow_weak: bool = False, submission_s: float = 0.0):
     from traitlets.config import Config
 
     from .nbgrader_plugin import configure
@@ -70,6 +106,8 @@ def nbgrader_config(course: Course, *, isolation: str = "auto", device: str = "a
     c.TrustedGrade.isolation = isolation
     c.TrustedGrade.device = device
     c.TrustedGrade.worker = worker
+    c.TrustedGrade.allow_weak_isolation = allow_weak
+    c.TrustedGrade.submission_s = submission_s
     c.TrustedGrade.report_dir = str(course.reports)
     c.Application.log_level = "WARN"
     return c
@@ -79,7 +117,8 @@ def nbgrader_config(course: Course, *, isolation: str = "auto", device: str = "a
 _WORKER: dict = {}
 
 
-def _init_worker(index_queue, course: Course, isolation: str, device: str, gpus: list[str]) -> None:
+def _init_worker(index_queue, course: Course, isolation: str, device: str, gpus: list[str], allow_weak: bool,
+                 submission_s: float) -> None:
     index = index_queue.get()
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
@@ -94,13 +133,19 @@ def _init_worker(index_queue, course: Course, isolation: str, device: str, gpus:
 
     (course.root / "autograder").mkdir(parents=True, exist_ok=True)
     _WORKER.update(index=index, course=course,
-                   api=NbGraderAPI(config=nbgrader_config(course, isolation=isolation, device=device, worker=index)))
+                   api=NbGraderAPI(config=nbgrader_config(course, isolation=isolation, device=device, worker=index,
+                                                          allow_weak=allow_weak, submission_s=submission_s)))
 
 
 def _grade_one(assignment: str, student: str) -> dict:
     course: Course = _WORKER["course"]
     api = _WORKER["api"]
     t0 = time.perf_counter()
+    out = {"student": student, "worker": _WORKER["index"], "success": False, "error": ""}
+    unsafe = unsafe_entries(course.submitted / student / assignment)
+    if unsafe:
+        out["error"] = "the submission holds what the grader will not open: " + ", ".join(unsafe)
+        return _record_failure(course, assignment, out, t0)
     last_error = ""
     for attempt in range(4):
         result = api.autograde(assignment, student, force=True, create=True)
@@ -111,20 +156,43 @@ def _grade_one(assignment: str, student: str) -> dict:
             break
         time.sleep(0.5 * (attempt + 1))  # a busy SQLite gradebook: retry
     pending = course.report_path(student, assignment, pending=True)
-    out = {"student": student, "worker": _WORKER["index"], "seconds": round(time.perf_counter() - t0, 2),
-           "success": bool(result.get("success")), "error": "" if result.get("success") else last_error[-2000:]}
-    if result.get("success") and pending.exists():
-        report = json.loads(pending.read_text())
-        os.replace(pending, course.report_path(student, assignment))
-        out.update(score=report.get("score"), max_score=report.get("max_score"))
-    elif result.get("success"):
-        out.update(success=False, error="nbgrader finished but the trusted grader wrote no report")
+    if not result.get("success"):
+        out["error"] = last_error[-2000:] or "nbgrader could not autograde this submission"
+        return _record_failure(course, assignment, out, t0)
+    if not pending.exists():
+        out["error"] = "nbgrader finished but the trusted grader wrote no report"
+        return _record_failure(course, assignment, out, t0)
+    report = json.loads(pending.read_text())
+    if report.get("not_graded"):  # the sandbox itself could not run: not the student's zero
+        out["error"] = report["not_graded"]
+        pending.unlink()
+        return _record_failure(course, assignment, out, t0)
+    os.replace(pending, course.report_path(student, assignment))
+    course.failed_path(student, assignment).unlink(missing_ok=True)
+    out.update(success=True, score=report.get("score"), max_score=report.get("max_score"),
+               seconds=round(time.perf_counter() - t0, 2))
+    return out
+
+
+def _record_failure(course: Course, assignment: str, out: dict, t0: float) -> dict:
+    """Remember why a submission could not be graded: ``export`` shows it as "not graded" (no score) and
+    ``summary`` lists it; the next ``autograde`` tries it again (it has no final report)."""
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    path = course.failed_path(out["student"], assignment)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"student": out["student"], "assignment": assignment, "reason": out["error"][-2000:],
+                               "at": time.strftime("%Y-%m-%d %H:%M:%S")}))
+    os.replace(tmp, path)
+    final = course.report_path(out["student"], assignment)
+    final.unlink(missing_ok=True)  # an older grade of an earlier submission must not stand in for this one
     return out
 
 
 # ---- the pool ------------------------------------------------------------------------------------------
 def grade_class(course: Course, assignment: str, students: list[str], *, workers: int = 1, isolation: str = "auto",
-                device: str = "auto", gpus: list[str] | None = None, progress: bool = True) -> list[dict]:
+                device: str = "auto", gpus: list[str] | None = None, progress: bool = True,
+                allow_weak: bool = False, submission_s: float = 0.0) -> list[dict]:
     """Autograde ``students``' submissions of ``assignment`` with ``workers`` processes."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -141,7 +209,8 @@ def grade_class(course: Course, assignment: str, students: list[str], *, workers
 
         bar = tqdm(total=len(students), unit="sub", desc=f"grading {assignment}", dynamic_ncols=True)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(index_queue, course, isolation, device, gpus or [])) as pool:
+                             initargs=(index_queue, course, isolation, device, gpus or [], allow_weak,
+                                       submission_s)) as pool:
         futures = {pool.submit(_grade_one, assignment, s): s for s in students}
         pending = set(futures)
         while pending:
@@ -151,6 +220,7 @@ def grade_class(course: Course, assignment: str, students: list[str], *, workers
                     r = f.result()
                 except Exception as e:  # a worker died: the submission is reported, the class goes on
                     r = {"student": futures[f], "success": False, "error": f"worker failed: {e!r}", "seconds": 0.0}
+                    _record_failure(course, assignment, r, time.perf_counter())
                 results.append(r)
                 if bar is not None:
                     bar.update(1)

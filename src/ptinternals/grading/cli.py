@@ -104,11 +104,10 @@ def cmd_doctor(args) -> int:
     try:
         mode, why = resolve_isolation(args.isolation, device)
         rows.append(("isolation", f"{mode} ({why})"))
+        rows += enforcement_rows(mode, device)
     except RuntimeError as e:
         rows.append(("isolation", f"UNAVAILABLE: {e}"))
         ok = False
-    rows.append(("sandbox uid", "dedicated per worker (grader is root)" if os.geteuid() == 0
-                 else "the grader's own user (process limits are per user)"))
     from .node import node_rows
 
     cluster_rows, cluster_ok = node_rows(args.db, args.assignment)
@@ -117,6 +116,41 @@ def cmd_doctor(args) -> int:
     for k, v in rows:
         print(f"{k:>{width}}  {v}")
     return EXIT_OK if ok and cluster_ok and "NOT INSTALLED" not in dict(rows)["nbgrader"] else EXIT_ENV
+
+
+def enforcement_rows(mode: str, device: str) -> list[tuple[str, str]]:
+    """What this machine enforces on a submission, and where: the statement ``ptgrade doctor`` prints."""
+    from .isolation import ABSENTABLE, absent_paths
+    from .resources import cgroup_support
+    from .sandbox import Limits
+
+    lim, root, bwrap = Limits(), os.geteuid() == 0, mode == "bwrap"
+    cg, cg_why = cgroup_support()
+    rows = [("grades of record", "allowed (bubblewrap)" if bwrap else
+             "REFUSED unless --allow-weak-isolation (process isolation cannot hide files or packages)")]
+    hidden = absent_paths(tuple(ABSENTABLE)) if bwrap else ()
+    rows.append(("forbidden packages", f"absent from the sandbox's filesystem ({len(hidden)} paths of torch/numpy "
+                 f"mounted over when an exercise forbids them)" if bwrap else
+                 "NOT absent: an import hook refuses them (a speed bump, not a guarantee)"))
+    rows.append(("memory", f"{lim.memory_mb} MiB per sandbox, tmpfs and shared memory included ({cg_why})" if cg else
+                 f"{lim.memory_mb} MiB per process (RLIMIT_AS); tmpfs and shared memory NOT counted ({cg_why})"))
+    rows.append(("processes", f"{lim.nproc} per sandbox (cgroup pids.max and RLIMIT_NPROC of a dedicated uid)" if cg
+                 else (f"{lim.nproc} (RLIMIT_NPROC of a dedicated uid)" if root else
+                       "NOT limited (no dedicated uid): a fork bomb is stopped by the time limit only")))
+    rows.append(("disk", (f"scratch: a {lim.disk_mb} MiB tmpfs" if root else
+                          f"scratch: {lim.disk_mb} MiB, measured every 0.5 s") +
+                 (f"; /tmp and /dev/shm: {lim.tmp_mb} MiB tmpfs each, the sandbox's own" if bwrap else
+                  f"; /tmp and /dev/shm are the host's ({lim.fsize_mb} MiB per file)")))
+    rows.append(("leftovers", "none: the sandbox's folders are removed, its processes killed by "
+                 + ("cgroup and uid" if root else "session") + (", its /tmp vanishes with it" if bwrap else
+                 (", files its uid left in /tmp, /var/tmp, /dev/shm deleted" if root else
+                  "; files written to /tmp, /var/tmp, /dev/shm are NOT removed (no dedicated uid)"))))
+    rows.append(("job folders", "private to each sandbox's uid" if root else
+                 ("private to the sandbox (only its own folders are mounted)" if bwrap else
+                  "readable by every worker (all run as the grader's user)")))
+    rows.append(("time", "per step from the job (cell and exercise limits), and a total per submission"))
+    rows.append(("method checks", "static policy on the answer cells' source (see book/instructors.md)"))
+    return rows
 
 
 def cmd_release(args) -> int:
@@ -156,7 +190,7 @@ def cmd_collect(args) -> int:
     if not src.is_dir():
         raise UsageError(f"--from {src}: not a folder (expected <folder>/<student>/<files>)")
     submitted = root / "autograder" / "submitted"
-    n, bad = 0, []
+    n, bad, skipped = 0, [], []
     for student_dir in sorted(p for p in src.iterdir() if p.is_dir()):
         student = student_dir.name
         if not SAFE_ID.match(student):
@@ -165,14 +199,32 @@ def cmd_collect(args) -> int:
         dest = submitted / student / name
         if dest.exists():  # keep what was there: nothing a student handed in is ever deleted
             supersede(dest, student, name)
-        shutil.copytree(student_dir, dest)
+        shutil.copytree(student_dir, dest, ignore=_unsafe_names(skipped, student))
         if not (dest / "timestamp.txt").exists():
             (dest / "timestamp.txt").write_text(time.strftime("%Y-%m-%d %H:%M:%S.000000 %Z"))
         n += 1
     print(f"collected {n} submissions of {name} into {submitted.relative_to(root)}/<student>/{name}/")
     for b in bad:
         print(f"  skipped folder {b!r}: student ids may use letters, digits, _ . @ - only", file=sys.stderr)
-    return EXIT_FAILURES if bad else EXIT_OK
+    for s in skipped:
+        print(f"  not copied: {s} (only regular files and folders are collected)", file=sys.stderr)
+    return EXIT_FAILURES if bad or skipped else EXIT_OK
+
+
+def _unsafe_names(skipped: list, student: str):
+    """A copytree ``ignore`` that leaves out links, FIFOs and devices (a link would be followed)."""
+    import stat
+
+    def ignore(folder, names):
+        out = []
+        for name in names:
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                out.append(name)
+                skipped.append(f"{student}/.../{name}")
+        return out
+
+    return ignore
 
 
 def cmd_autograde(args) -> int:
@@ -186,6 +238,10 @@ def cmd_autograde(args) -> int:
     if missing:
         raise UsageError(f"no submission of {name} for: {', '.join(missing)}")
     students = shard(students, args.shard)
+    refused = _isolation_refused(args)
+    if refused:
+        print(f"ptgrade: {refused}", file=sys.stderr)
+        return EXIT_ENV
     todo = students if args.force else [s for s in students if course.needs_grading(s, name)]
     skipped = len(students) - len(todo)
     if skipped:
@@ -206,7 +262,8 @@ def cmd_autograde(args) -> int:
     workers = args.workers or max(1, len(gpus))
     t0 = time.perf_counter()
     results = grade_class(course, name, todo, workers=workers, isolation=args.isolation, device=args.device,
-                          gpus=gpus, progress=not args.quiet)
+                          gpus=gpus, progress=not args.quiet, allow_weak=args.allow_weak_isolation,
+                          submission_s=args.submission_time_limit or 0.0)
     wall = time.perf_counter() - t0
     failed = [r for r in results if not r["success"]]
     print(f"graded {len(results) - len(failed)} of {len(results)} submissions of {name} in {wall:.1f} s "
@@ -214,10 +271,26 @@ def cmd_autograde(args) -> int:
     for r in failed:
         print(f"  NOT GRADED {r['student']}: {r['error'].strip()[-300:]}", file=sys.stderr)
     if not args.quiet:
-        from .summary import load_reports, summarize
+        from .summary import load_failures, load_reports, summarize
 
-        print(summarize(load_reports(course.reports, name), name, root / "autograder" / "reports" / f"{name}-scores.png"))
+        print(summarize(load_reports(course.reports, name), name, root / "autograder" / "reports" / f"{name}-scores.png",
+                        load_failures(course.reports, name)))
     return EXIT_FAILURES if failed else EXIT_OK
+
+
+def _isolation_refused(args) -> str:
+    """Why grades of record cannot be taken here ("" when they can), before any worker starts."""
+    from ..device import pick_device
+    from .isolation import WeakIsolationRefused, require_strong_isolation, resolve_isolation
+
+    try:
+        mode, why = resolve_isolation(args.isolation, pick_device(None if args.device == "auto" else args.device))
+        require_strong_isolation(mode, why, args.allow_weak_isolation)
+    except (RuntimeError, WeakIsolationRefused) as e:
+        return str(e)
+    if mode != "bwrap":
+        print(f"WARNING: grading with WEAK (process) isolation, as --allow-weak-isolation asked: {why}", file=sys.stderr)
+    return ""
 
 
 def _registered(root: Path, name: str, db_url: str | None) -> bool:
@@ -236,12 +309,19 @@ def _registered(root: Path, name: str, db_url: str | None) -> bool:
 def cmd_feedback(args) -> int:
     root = find_root()
     name = _check_assignment(root, args.assignment)
-    extra = [f"--student={s}" for s in args.student or []]
-    proc = _nbgrader(root, "generate_feedback", name, "--force", *extra, db_url=args.db)
-    if proc.returncode:
-        print(proc.stdout + proc.stderr, file=sys.stderr)
+    # nbgrader takes one --student (the last one given wins): several are one run each
+    runs = [[f"--student={s}"] for s in dict.fromkeys(args.student)] if args.student else [[]]
+    failed = []
+    for extra in runs:
+        proc = _nbgrader(root, "generate_feedback", name, "--force", *extra, db_url=args.db)
+        if proc.returncode:
+            failed.append(extra[0].split("=", 1)[1] if extra else "all")
+            print(proc.stdout + proc.stderr, file=sys.stderr)
+    if failed:
+        print(f"ptgrade: no feedback for: {', '.join(failed)}", file=sys.stderr)
         return EXIT_FAILURES
-    print(f"feedback written to autograder/feedback/<student>/{name}/")
+    print(f"feedback written to autograder/feedback/<student>/{name}/"
+          + (f" for {', '.join(args.student)}" if args.student else ""))
     if args.exchange:
         proc = _nbgrader(root, "release_feedback", name, db_url=args.db)
         print(proc.stdout + proc.stderr)
@@ -261,12 +341,12 @@ def cmd_export(args) -> int:
 
 
 def cmd_summary(args) -> int:
-    from .summary import load_reports, summarize
+    from .summary import load_failures, load_reports, summarize
 
     root = find_root()
     name = _check_assignment(root, args.assignment)
-    png = root / "autograder" / "reports" / f"{name}-scores.png"
-    print(summarize(load_reports(root / "autograder" / "reports", name), name, png))
+    reports = root / "autograder" / "reports"
+    print(summarize(load_reports(reports, name), name, reports / f"{name}-scores.png", load_failures(reports, name)))
     return EXIT_OK
 
 
@@ -318,7 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gpus", help="comma-separated GPU indices; worker k uses gpus[k %% n]")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     sp.add_argument("--isolation", choices=["auto", "bwrap", "process"], default="auto",
-                    help="bwrap refuses to grade without bubblewrap; auto falls back to a plain process")
+                    help="how student code is isolated (bubblewrap unless --allow-weak-isolation says otherwise)")
+    sp.add_argument("--allow-weak-isolation", action="store_true",
+                    help="record grades even without bubblewrap (process isolation: student code can read the "
+                         "sandbox user's files and reach packages an exercise forbids); off by default")
+    sp.add_argument("--submission-time-limit", type=float, metavar="SECONDS",
+                    help="most time one submission may take, all its sandbox runs together (default: derived from "
+                         "its exercises' limits)")
     sp.add_argument("--shard", help="i/N: grade every N-th submission starting at i; auto: this Slurm array task's or "
                     "Kubernetes Indexed Job pod's shard (see ptgrade doctor)")
     sp.add_argument("--force", action="store_true", help="regrade submissions that are already graded")
@@ -326,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--db", help="gradebook URL, e.g. postgresql://user@host/db (default: $PTGRADE_DB_URL or sqlite)")
     sp = add("feedback", cmd_feedback, "write HTML feedback (hidden tests removed)")
     sp.add_argument("assignment")
-    sp.add_argument("--student", action="append")
+    sp.add_argument("--student", action="append", help="only this student (repeatable)")
     sp.add_argument("--exchange", action="store_true", help="also release feedback to the exchange")
     sp.add_argument("--db")
     sp = add("export", cmd_export, "export the gradebook to CSV")
@@ -351,6 +437,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "workers", 0) and args.workers < 0:
         parser.error("--workers must be >= 1")
+    if getattr(args, "submission_time_limit", None) is not None and not args.submission_time_limit > 0:
+        parser.error(f"--submission-time-limit must be > 0 seconds, got {args.submission_time_limit}")
     try:
         return args.fn(args)
     except UsageError as e:

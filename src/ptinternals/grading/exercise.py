@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -77,7 +78,9 @@ class Exercise:
     title: str = ""  # "view: strides for a new shape, or None"
     entry: str = ""  # the name the student defines
     points: float = 1.0
-    forbid: tuple[str, ...] = ()  # modules the solution must not use (e.g. ("torch",))
+    forbid: tuple[str, ...] = ()  # modules the solution must not use (e.g. ("torch",)): absent while graded
+    policy: Any = None  # how its source may be written (checked statically): a grading.policy.Policy, or a
+    # chapter's own rule set, any object with ``problem(exercise, sources, own_cell) -> str | None`` (modules)
     timeout_s: float = 20.0  # for all cases of this exercise, in the sandbox
     probe: str | None = None  # "module:function" run sandbox-side instead of a plain call
     gpu: bool = False  # True: graded on a GPU when one is present (the device is in the result)
@@ -117,8 +120,16 @@ class Exercise:
         (a static policy: measurements made in the sandbox can be forged), or None. ``sources``: ``{cell id:
         source}``, the notebook's setup and answer cells when grading (``own_cell`` is then this exercise's
         answer cell), or only the cell that defined the entry for instant feedback (``own_cell`` None).
-        Default: no policy. (A chapter-local hook until the generic mechanism of the grading issue lands.)"""
-        return None
+
+        The trusted grader calls it before any of the submission's code runs (an exercise it fails is not
+        run); ``check`` calls it for instant feedback. It judges the exercise's ``policy``: a
+        :class:`~.policy.Policy` (plus ``forbid`` modules that cannot be made absent), or a chapter's own rule
+        set (an object with a ``problem`` method: the modules chapter's); no policy, no rule."""
+        from .policy import Policy, policy_problem
+
+        if self.policy is not None and not isinstance(self.policy, Policy):
+            return self.policy.problem(self, sources, own_cell)
+        return policy_problem(self, sources, own_cell)
 
     # ---- derived ----------------------------------------------------------------------------------
     number: str = ""  # "1.4": set by its Chapter from the book's order (ptinternals.course)
@@ -178,6 +189,7 @@ class Chapter:
     setup_cells: tuple[str, ...] = ("setup",)  # grade_ids of locked cells run before the answers
     quiz_grade_id: str | None = "quiz"
     sandbox_files: tuple[str, ...] = ()  # scaffolding modules graded code may import, e.g. "autograd/scaffold.py"
+    policy_allow: tuple[str, ...] = ()  # private names (e.g. "_make_wrapper_subclass") a policy lets answers use
 
     def __post_init__(self):
         from .. import course
@@ -255,6 +267,9 @@ def _judge_one(ex: Exercise, case: Case, got: Any, expected: Any) -> tuple[str, 
             return "not-implemented", ""
         if got.type == "ForbiddenModuleError":
             return "forbidden", got.message
+        if got.type in ("ModuleNotFoundError", "ImportError") and any(
+                re.search(rf"\b{m}\b", got.message) for m in ex.forbid):
+            return "forbidden", f"your code imported a module this exercise is graded without: {got.message}"
         if isinstance(expected, Raises):
             return None if _raised_matches(got, expected) else (
                 "wrong", f"expected {expected!r}\n     got {got.type}: {got.message}")
@@ -284,7 +299,11 @@ def evaluate(ex: Exercise, cases: list[Case], results: list[Any], expected: list
                                             f"limit. Look for data that grows without bound."), "memory", seconds, device)
     failures = []
     for i, (case, got, exp) in enumerate(zip(cases, results, expected)):
-        verdict = _judge_one(ex, case, got, exp)
+        try:
+            verdict = _judge_one(ex, case, got, exp)
+        except Exception as e:  # noqa: BLE001 (a result the checker cannot read fails its case, never the grader)
+            verdict = ("unsupported", f"the grader could not compare your result ({type(e).__name__}: {str(e)[:200]}): "
+                                      f"got {describe(got)}")
         if verdict is not None:
             failures.append((i, case, got, exp, verdict))
     if len(results) < n and status == "ok":
@@ -367,6 +386,9 @@ def _defining_sources(entry) -> dict[str, str]:
     def is_cell(filename: str) -> bool:
         return filename.startswith("<") or "ipykernel" in filename
 
+    own = [entry] if not isinstance(entry, type) else [getattr(v, "__func__", v) for v in vars(entry).values()]
+    in_a_file = any(getattr(getattr(fn, "__code__", None), "co_filename", "<>")[:1] != "<" and
+                    not is_cell(fn.__code__.co_filename) for fn in own if hasattr(fn, "__code__"))
     out = {}
     for fn in functions:
         code = getattr(fn, "__code__", None)
@@ -374,7 +396,8 @@ def _defining_sources(entry) -> dict[str, str]:
             lines = linecache.getlines(code.co_filename)
             if lines:
                 out[code.co_filename] = "".join(lines)
-    if not out:  # a class with no method of its own (`class X(Base): pass`): the last cell that defines the name
+    if not out and not in_a_file:  # a class with no method of its own (`class X(Base): pass`): the last cell
+        # that defines the name (never for code that lives in a module file, such as the reference's twins)
         import re
 
         name = getattr(entry, "__name__", "")
@@ -404,11 +427,11 @@ def check(exercise_id: str, entry: Callable, *, hidden: bool = False, device: st
     t0 = time.perf_counter()
     results, status = run_in_process(ex, entry, cases, device)
     outcome = evaluate(ex, cases, results, expected, device=device, status=status, seconds=time.perf_counter() - t0)
-    problem = ex.source_problem(_defining_sources(entry)) if outcome.category != "not-implemented" else None
-    if problem:
-        raise CheckFailure(problem, exercise=ex.id, category="forbidden")
-    if not outcome.passed:
+    if not outcome.passed:  # wrong values first: the message that teaches (the source rules would say 0 too)
         raise outcome.failure()
+    problem = ex.source_problem(_defining_sources(entry))
+    if problem:  # right values, written in a way the grader refuses: it would score 0
+        raise CheckFailure(problem, exercise=ex.id, category="forbidden")
     scope = "visible and hidden" if hidden else "visible"
     extra = outcome.message.split("\n", 1)[1] if "\n" in outcome.message else ""
     print(f"\u2713 {ex.name}: all {len(cases)} {scope} cases passed (ran on {device})" + (f"\n{extra}" if extra else ""))

@@ -23,8 +23,9 @@ import re
 from pathlib import Path
 
 import nbformat
+from nbgrader.plugins import CsvExportPlugin
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Int, Unicode
+from traitlets import Bool, Float, Int, Unicode
 
 EVENTS_KEY = "ptgrade_events"
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS[ \t]*\n?", re.S | re.M)
@@ -82,10 +83,15 @@ class TrustedGrade(_CoursePreprocessor):
     device = Unicode(os.environ.get("PTGRADE_DEVICE", "auto"), help="auto | cpu | cuda").tag(config=True)
     worker = Int(int(os.environ.get("PTGRADE_WORKER", "0")), help="worker index (picks the sandbox uid)").tag(config=True)
     report_dir = Unicode(os.environ.get("PTGRADE_REPORT_DIR", ""), help="where per-submission reports go").tag(config=True)
+    allow_weak_isolation = Bool(os.environ.get("PTGRADE_ALLOW_WEAK_ISOLATION", "") == "1",
+                                help="record grades under process isolation (no bubblewrap)").tag(config=True)
+    submission_s = Float(float(os.environ.get("PTGRADE_SUBMISSION_S", "0")),
+                         help="total time one submission may take (0: derived from its exercises' limits)").tag(config=True)
 
     def preprocess(self, nb, resources):
         from ..device import pick_device
         from .exercise import load_chapter
+        from .isolation import require_strong_isolation, resolve_isolation
         from .sandbox import SandboxConfig
         from .trusted import grade_notebook
 
@@ -97,7 +103,10 @@ class TrustedGrade(_CoursePreprocessor):
         except (KeyError, ImportError) as e:
             return self._unknown(nb, resources, f"assignment {info['assignment']!r} has no trusted grader: {e}")
         device = pick_device(None if self.device == "auto" else self.device)
+        mode, why = resolve_isolation(self.isolation, device)
+        require_strong_isolation(mode, why, self.allow_weak_isolation)  # raises: this submission is not graded
         config = SandboxConfig(isolation=self.isolation, device=device, worker=self.worker)
+        config.limits.total_s = self.submission_s or None
         source = self._source_notebook(info["assignment"], info["notebook"])
         report = grade_notebook(nb, chapter, folder, config, student=info["student"], source_nb=source)
         report.events[:0] = events
@@ -166,6 +175,40 @@ class StripHiddenTests(NbGraderPreprocessor):
         return cell, resources
 
 
+class TrustedCsvExport(CsvExportPlugin):
+    """nbgrader's CSV export, plus ``status`` and ``reason`` columns: a submission that could not be graded
+    is "not graded" with an empty score (not nbgrader's 0.0), and says why."""
+
+    course_root = Unicode("", help="the course repository (holds autograder/reports)").tag(config=True)
+
+    def export(self, gradebook) -> None:
+        import csv
+
+        from .classroom import Course
+
+        super().export(gradebook)
+        dest = self.to or "grades.csv"
+        with open(dest, newline="") as f:
+            rows = list(csv.DictReader(f))
+        course = Course(Path(self.course_root or "."))
+        seen = {(row["student_id"], row["assignment"]) for row in rows}
+        max_score = {row["assignment"]: row.get("max_score", "") for row in rows}
+        for failed in sorted(course.reports.glob("*/*.failed.json")):  # never reached nbgrader's gradebook
+            student, assignment = failed.parent.name, failed.name.removesuffix(".failed.json")
+            if (student, assignment) not in seen and (not self.assignment or assignment in self.assignment):
+                rows.append({"assignment": assignment, "student_id": student, "max_score": max_score.get(assignment, "")})
+        for row in rows:
+            row["status"], row["reason"] = course.status(row["student_id"], row["assignment"])
+            if row["status"] == "not graded":
+                row["raw_score"] = row["score"] = row["late_submission_penalty"] = ""
+        fields = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "raw_score",
+                  "late_submission_penalty", "score", "max_score", "status", "reason"]
+        with open(dest, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+
+
 def normalize_db_url(url: str) -> str:
     """``postgresql://...`` -> the driver that is installed (SQLAlchemy 2.1 defaults to psycopg 3; the course
     ships psycopg2-binary). Other URLs are returned unchanged."""
@@ -215,6 +258,8 @@ def configure(c, root: str | os.PathLike) -> None:
     c.GenerateFeedback.preprocessors = [GetGrades, StripHiddenTests, CSSHTMLHeaderPreprocessor]
     # A quiz answers file must never be overwritten by one from the instructor's folder.
     c.Autograde.exclude_overwriting = {name: ["*.answers.json"] for name in _assignments(root)}
+    c.ExportApp.plugin_class = TrustedCsvExport
+    c.TrustedCsvExport.course_root = root
     c.ZipCollectApp.collector_plugin = "nbgrader.plugins.FileNameCollectorPlugin"
     # Collecting a newer submission from the exchange keeps the older one (ptinternals.grading.exchange).
     c.ExchangeFactory.collect = "ptinternals.grading.exchange.SupersedingCollect"

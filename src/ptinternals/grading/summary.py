@@ -21,10 +21,24 @@ def load_reports(reports_dir: Path, assignment: str) -> list[dict]:
     return out
 
 
-def summarize(reports: list[dict], assignment: str, png: Path | None = None) -> str:
+def load_failures(reports_dir: Path, assignment: str) -> list[dict]:
+    """The submissions that could not be graded (``<student>/<assignment>.failed.json``), with why."""
+    out = []
+    for path in sorted(reports_dir.glob(f"*/{assignment}.failed.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except ValueError:
+            out.append({"student": path.parent.name, "reason": "unreadable failure record"})
+    return out
+
+
+def summarize(reports: list[dict], assignment: str, png: Path | None = None, failures: list[dict] = ()) -> str:
+    not_graded = [f"  NOT GRADED ({len(failures)}; no score recorded, `ptgrade export` says why):"] + \
+        [f"    {f.get('student', '?')}: {' '.join(str(f.get('reason', '')).split())[-240:]}" for f in failures] \
+        if failures else []
     if not reports:
-        return f"No graded submissions of {assignment} yet."
-    lines = [f"{assignment}: {len(reports)} graded submissions"]
+        return "\n".join([f"No graded submissions of {assignment} yet."] + not_graded)
+    lines = [f"{assignment}: {len(reports)} graded submissions"] + not_graded
     scores = [r["score"] for r in reports]
     max_score = max(r["max_score"] for r in reports)
     mean = sum(scores) / len(scores)

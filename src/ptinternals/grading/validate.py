@@ -38,6 +38,13 @@ def validate_notebook(path: Path) -> list[str]:
             problems.append(f"the answer cell of {ex.name} ({answer}) has been deleted: your code for it is lost")
     if chapter.quiz_grade_id and chapter.quiz_grade_id not in cells:
         problems.append(f"the quiz score cell ({chapter.quiz_grade_id}) has been deleted")
+    sources = {gid: cell.get("source", "") for gid, (cell, meta) in cells.items() if cell.get("cell_type") == "code"
+               and (gid in chapter.setup_cells or (meta.get("solution") and not meta.get("grade")))}
+    for ex in chapter.exercises:
+        problem = ex.source_problem(sources, own_cell=ex.answer_cell)
+        if problem:
+            first = (problem.splitlines()[1:2] or [problem])[0].strip().removeprefix("- ")
+            problems.append(f"{ex.name} would score 0: {first}")
     try:
         from nbgrader.utils import compute_checksum
     except ImportError:  # nbgrader not installed: presence checks only

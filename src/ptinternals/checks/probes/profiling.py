@@ -17,14 +17,13 @@ What each probe measures that a plain call cannot:
 - ``capstone_probe``: a stand-in for the capstone's step in three counted parts, and the trace the
   student's profiler wrote.
 
-Every probe also returns the source of the cell that defines the entry point (``entry_source``): the
-trusted side checks what the answer's code may not do (``checks.profiling.SourcePolicy``).
+What an answer's code may not do is checked by the trusted grader on the notebook's source
+(``grading.policy``), never on source text reported from here.
 Imports: torch, the standard library and the chapter's scaffold modules only; no solution lives here.
 """
 from __future__ import annotations
 
 import json
-import linecache
 import os
 import sys
 import tempfile
@@ -37,18 +36,6 @@ from ptinternals.profiling import async_device
 from ptinternals.profiling.placement import Placement
 from ptinternals.profiling.scaffold import make_batches, make_model
 from ptinternals.profiling.sync_recorder import SyncRecorder
-
-
-# ================================================================================================
-# The answer's source, for the trusted side's policy check
-# ================================================================================================
-def entry_source(entry) -> dict:
-    """``{"text", "name", "line"}``: the whole cell (or file) that defines ``entry``, the function's name
-    and first line. Empty text when the source is unknown (a builtin, a lambda from ``exec``)."""
-    code = getattr(entry, "__code__", None)
-    if code is None:
-        return {"text": "", "name": "", "line": 0}
-    return {"text": "".join(linecache.getlines(code.co_filename)), "name": code.co_name, "line": code.co_firstlineno}
 
 
 # ================================================================================================
@@ -227,7 +214,7 @@ def formula_probe(entry, *args, **kwargs):
         value = entry(*args, **kwargs)
     finally:
         async_device.SimulatedDevice.__init__ = original
-    return {"value": value, "simulated": len(built), "source": entry_source(entry)}
+    return {"value": value, "simulated": len(built)}
 
 
 # ================================================================================================
@@ -383,7 +370,7 @@ def trace_probe(entry, trace: dict, *args, **kwargs):
     finally:
         for owner, n, original in saved:
             setattr(owner, n, original)
-    return {"value": value, "modified": json.dumps(trace, sort_keys=True) != before, "source": entry_source(entry)}
+    return {"value": value, "modified": json.dumps(trace, sort_keys=True) != before}
 
 
 # ================================================================================================
@@ -446,7 +433,7 @@ def train_probe(entry, seed: int, steps: int, batch: int, unlabelled: float, all
     on_device = all(recorder.placement.on_device(p) for p in model.parameters())
     events = [[e.op, e.reason, e.kind, e.where] for e in recorder.events]
     return {"losses": losses, "params": params, "params_on_device": on_device, "batches_unchanged": unchanged,
-            "aten": describer.calls, "events": events, "source": entry_source(entry)}
+            "aten": describer.calls, "events": events}
 
 
 # ================================================================================================
