@@ -1070,6 +1070,8 @@ class ShardBounds(_PlainPython):
         "numel divisible by world_size": lambda c, e: c.args[1] > 1 and c.args[0] > 0 and c.args[0] % c.args[1] == 0,
         "a numel > 256": lambda c, e: c.args[0] > 256 and not isinstance(e, Raises),
         "rank == world_size (error)": lambda c, e: c.args[2] == c.args[1] > 0,
+        "rank > world_size (error)": lambda c, e: c.args[2] > c.args[1] > 0,
+        "numel -1 (error)": lambda c, e: c.args[0] == -1,
         "a negative rank (error)": lambda c, e: c.args[2] < 0,
         "world_size 0 (error)": lambda c, e: c.args[1] == 0,
         "a negative numel (error)": lambda c, e: c.args[0] < 0,
@@ -1080,7 +1082,8 @@ class ShardBounds(_PlainPython):
             return Case((numel, n, data.draw(st.integers(0, n - 1))))
 
         deliberate = [(1, 1, 0), (7, 8, 7), (1001, 4, 3), (9, 3, 2), (4, 4, 3), (13, 4, 3), (13, 4, 0), (12, 4, 3),
-                      (300, 7, 6), (3, 5, 4), (10, 4, -1), (10, 0, 0), (-3, 2, 1), (10, 3, 3), (0, 2, 0)]
+                      (300, 7, 6), (3, 5, 4), (10, 4, -1), (10, 0, 0), (-3, 2, 1), (-1, 3, 0), (10, 3, 3), (10, 3, 5),
+                      (0, 2, 0)]
         return [Case(c) for c in deliberate] + draw(st.builds(case, st.integers(0, 500), st.integers(1, 8),
                                                                   st.data()), 70)
 
@@ -1143,6 +1146,7 @@ class ShardedAdamWExercise(_MultiRank):
     id, entry, points = "distributed.sharded_adamw", "ShardedAdamW", 3
     title = "ZeRO-1: AdamW whose state is sharded over the ranks"
     probe = f"{PROBES}:zero_steps"
+    n_spawns = 4
     hyper = {"lr": 0.05, "betas": (0.9, 0.99), "eps": 1e-3, "weight_decay": 0.1}
 
     def _spec(self, n, arch, per_rank, seed, steps=3):
@@ -1164,15 +1168,20 @@ class ShardedAdamWExercise(_MultiRank):
         "a parameter only rank 0's batch uses (.grad None on the others)": lambda c, e: bool(
             c.args[1]["arch"].get("rank0_only")),
         "P not divisible by the world size (a short last shard)": lambda c, e: e["numel"] % c.args[0] != 0,
+        "P divisible by the world size (no padding)": lambda c, e: e["numel"] % c.args[0] == 0,
+        "a rank whose range is empty (P < (N - 1) S)": lambda c, e: e["numel"] <= (c.args[0] - 1) * e["shard"],
+        "the first parameter frozen": lambda c, e: "0.weight" in c.args[1]["arch"].get("frozen", ()),
     }
 
     def hidden_cases(self):
-        pair = {"layers": [("linear", 4, 9), ("tanh",), ("pair", 9), ("tanh",), ("linear", 9, 5), ("tanh",),
-                           ("linear", 5, 1)], "unused": (4,), "noncontig": ("0.weight",)}
+        pair = {"layers": [("linear", 4, 9), ("tanh",), ("pair", 9), ("tanh",), ("linear", 9, 4), ("tanh",),
+                           ("linear", 4, 1)], "unused": (4,), "noncontig": ("0.weight",)}  # P = 192 = 3 x 64
         maybe = {"layers": [("linear", 6, 5), ("tanh",), ("maybe", 5), ("tanh",), ("linear", 5, 5), ("tanh",),
                             ("linear", 5, 5), ("tanh",), ("linear", 5, 3)], "rank0_only": (2,),
-                 "tie": (("6.weight", "4.weight"),), "frozen": ("8.bias",)}
-        return [self._case(3, self._spec(3, pair, 2, 1)), self._case(4, self._spec(4, maybe, 3, 2))]
+                 "tie": (("6.weight", "4.weight"),), "frozen": ("0.weight", "8.bias")}
+        tiny = mlp_arch((1, 1))  # P = 2 over 4 ranks: ranks 2 and 3 own nothing
+        return [self._case(3, self._spec(3, pair, 2, 1)), self._case(4, self._spec(4, maybe, 3, 2)),
+                self._case(4, self._spec(4, tiny, 1, 3))]
 
     def shown(self, case):
         n, spec = case.args
@@ -1341,7 +1350,7 @@ class FullyShardedExercise(_MultiRank):
         a = {"layers": [("linear", 5, 7), ("tanh",), ("pair", 7), ("tanh",), ("linear", 7, 7), ("tanh",),
                         ("linear", 7, 2)], "frozen": ("2.a.bias",), "unused": (4,)}
         b = mlp_arch((6, 5, 5, 5, 1), tie=(("4.weight", "2.weight"),), noncontig=("0.weight",))
-        c = mlp_arch((9, 6, 6, 6, 6, 6, 1), frozen=("2.weight",))
+        c = mlp_arch((9, 6, 6, 6, 6, 6, 1), frozen=("2.weight", "4.bias"))  # 4.bias: the last of a later unit
         return [Case((n, s), label=_spec_label(n, s)) for n, s in (
             (3, self._spec(3, a, 2, 1)), (4, self._spec(4, b, 2, 2)), (4, self._spec(4, c, 2, 3)))]
 
@@ -1376,7 +1385,7 @@ class FullyShardedExercise(_MultiRank):
                 "final": [[_chunk(t, r, n) for t in final] for r in range(n)],
                 "requires_grad": [p.requires_grad for p in model.parameters()],
                 "numel": sum(p.numel() for p in start), "may_refuse": _refusable(spec["arch"]),
-                "max_peak": 3 * max(units), "full_bytes": 4 * sum(p.numel() for p in start), "unit_bytes": max(units)}
+                "max_peak": 3 * max(units), "full_bytes": sum(units), "unit_bytes": max(units)}
 
     def compare_ranks(self, case, got, expected):
         n, spec = case.args
@@ -1439,7 +1448,7 @@ class FullyShardedExercise(_MultiRank):
                 return f"rank {r} never called an all-gather: gather each unit's shards before using it."
             if res["peak_gathered"] > expected["max_peak"] or res["peak_gathered"] >= expected["full_bytes"]:
                 return (f"rank {r}: at one moment {res['peak_gathered']} bytes of gathered parameters were alive; "
-                        f"the whole unsharded model is {expected['full_bytes']} bytes and one gathered unit at most "
+                        f"every unit gathered at once is {expected['full_bytes']} bytes and one gathered unit at most "
                         f"{expected['unit_bytes']} (allowed: {expected['max_peak']}, three units, for prefetching "
                         f"and for buffers the backend has not let go of yet). Free each unit's gathered parameters "
                         f"after its forward (and after its backward), and do not let autograd save them: gather "
@@ -1508,7 +1517,7 @@ class TrainResumeExercise(_MultiRank):
     id, entry, points = "distributed.train_resume", "train", 2
     title = "a torchrun trainer that saves a checkpoint and resumes bit-identically"
     probe = f"{PROBES}:train_resume"
-    n_spawns = 6
+    n_spawns = 9
 
     def _case(self, n, steps, save_every, stop_after, resume_step, batch_size=16, seed=0):
         cfg = {"steps": steps, "batch_size": batch_size, "lr": 0.01, "seed": seed, "save_every": save_every}
@@ -1523,11 +1532,12 @@ class TrainResumeExercise(_MultiRank):
         "resume from the first checkpoint (step == save_every)": lambda c, e: c.args[3] == c.args[1]["save_every"],
         "a crash between two checkpoints": lambda c, e: c.args[2] % c.args[1]["save_every"] != 0,
         "an odd world size": lambda c, e: c.args[0] % 2 == 1,
+        "one rank": lambda c, e: c.args[0] == 1,
         "a batch that is not a power of two": lambda c, e: c.args[1]["batch_size"] & (c.args[1]["batch_size"] - 1),
     }
 
     def hidden_cases(self):
-        return [self._case(3, 5, 2, 3, 2, batch_size=12, seed=1)]
+        return [self._case(3, 5, 2, 3, 2, batch_size=12, seed=1), self._case(1, 3, 1, 2, 1, batch_size=8, seed=2)]
 
     def shown(self, case):
         n, cfg, stop_after, k = case.args
