@@ -156,8 +156,10 @@ def test_reference_fsdp2_equals_torch_fully_shard(world_size):
                               "shard_dtypes": ["torch.float32"]}
         refused = r["refusals"]
         assert all(refused.values()), refused  # both refuse a weight tied between groups, and a column-major one
-        assert "'4.weight'" in refused["cross_tie", "ours"] and "'4.weight'" in refused["cross_tie", "torch"]
-        assert "'4.weight'" in refused["noncontig", "ours"] and "non-contiguous" in refused["noncontig", "torch"]
+        assert "'4.weight'" in refused["cross_tie", "ours"] and "'4.weight'" in refused["noncontig", "ours"]
+        assert "non-contiguous" in refused["noncontig", "torch"]
+        if refused["cross_tie", "torch"].startswith("ValueError"):  # torch 2.13 checks; 2.11 fails on a shape
+            assert "'4.weight'" in refused["cross_tie", "torch"]
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
