@@ -133,7 +133,8 @@ for key in ("input", "all_reduce", "broadcast", "all_gather", "reduce_scatter", 
 # Write `chunk_bounds(length, world_size)` returning a list of `world_size` pairs `(start, end)`:
 # the chunks of a flat tensor of `length` elements. Chunk sizes differ by at most one, the **first**
 # `length % world_size` chunks get one extra element (the split `torch.tensor_split` makes), nothing
-# is dropped, and chunks may be empty when `length < world_size`. Plain Python only.
+# is dropped, and chunks may be empty when `length < world_size`. A `world_size` below 1 or a negative
+# `length` raises `ValueError`. Plain Python only.
 
 # %% [answer chunk_bounds]
 def chunk_bounds(length, world_size):
@@ -695,7 +696,9 @@ show_quiz("distributed", "q3", "q4", "q10")
 #
 # Write `shard_bounds(numel, world_size, rank)` returning `(start, end)` of `rank`'s shard: shards of
 # S = ceil(numel / world_size) elements (the all-gather needs equal sizes), clamped to `numel`, so the
-# last shards may be short or empty and nothing is dropped. Plain Python only.
+# last shards may be short or empty and nothing is dropped: the split `torch.chunk` makes, which is also
+# how FSDP2 splits a parameter's rows. A `world_size` below 1 or a negative `numel` raises
+# `ValueError`, a `rank` outside `[0, world_size)` `IndexError`. Plain Python only.
 
 # %% [answer shard_bounds]
 def shard_bounds(numel, world_size, rank):

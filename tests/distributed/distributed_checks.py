@@ -25,8 +25,10 @@ from torch import nn
 from ptinternals.distributed import (
     DistributedDataParallel,
     FullyShardedDataParallel,
+    FullyShardedSequential,
     NaiveDDP,
     ZeroRedundancyAdamW,
+    fully_shard,
     ring_all_reduce,
 )
 
@@ -578,6 +580,16 @@ def check_invalid_inputs() -> dict:
     frozen = nn.Sequential(nn.Linear(2, 2))
     frozen[0].bias.requires_grad_(False)
     seq = nn.Sequential(nn.Sequential(nn.Linear(2, 2)), nn.Linear(2, 2))
+    scalar = nn.Module()
+    scalar.scale = nn.Parameter(torch.ones(()))
+    tied_again = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    tied_again[1].weight = tied_again[0].weight
+    tied_groups = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    tied_groups[1].weight = tied_groups[0].weight
+    tied_ddp = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    tied_ddp[1].weight = tied_ddp[0].weight
+    column_major = nn.Sequential(nn.Linear(3, 2))
+    column_major[0].weight = nn.Parameter(column_major[0].weight.detach().t().contiguous().t())
     cases = {
         "ring_not_tensor": _raises(lambda: ring_all_reduce([1.0, 2.0]), TypeError, "tensor"),
         "ring_bad_op": _raises(lambda: ring_all_reduce(torch.ones(3), op="max"), ValueError, "op"),
@@ -609,6 +621,15 @@ def check_invalid_inputs() -> dict:
         "fsdp_frozen": _raises(lambda: FullyShardedDataParallel(frozen), ValueError, "require grad"),
         "fsdp_bad_dtype": _raises(lambda: FullyShardedDataParallel(nn.Linear(2, 2), param_dtype=torch.int8),
                                   TypeError, "param_dtype"),
+        "fsdp2_zero_dim": _raises(lambda: fully_shard(scalar), ValueError, "'scale'"),
+        "fsdp2_twice": _raises(lambda: fully_shard(fully_shard(nn.Linear(2, 2), group=G), group=G), ValueError,
+                               "already"),
+        "fsdp2_tied_between_groups": _raises(lambda: fully_shard(fully_shard(tied_groups[0], group=G) and tied_groups,
+                                                                group=G), ValueError, "'1.weight'"),
+        "fsdp2_sequential_tied": _raises(lambda: FullyShardedSequential(tied_again, group=G), ValueError, "'1.weight'"),
+        "fsdp2_noncontiguous": _raises(lambda: FullyShardedSequential(column_major, group=G), ValueError, "'0.weight'"),
+        "ddp_tied_bucketed_once": None if len(DistributedDataParallel(tied_ddp, group=G).params) == 3 else
+        "a tied parameter must be bucketed once",
     }
     return cases
 

@@ -80,4 +80,7 @@ def assign_buckets(tensor_bytes: Sequence[int], bucket_cap_bytes: int, first_buc
     """DDP's rebuilt buckets for tensors of one dtype and device, given in the order their gradients became
     ready: close a bucket as soon as it reaches its limit, ``first_bucket_cap_bytes`` for the first bucket and
     ``bucket_cap_bytes`` for every later one (``Reducer::rebuild_buckets``: limits [first, cap])."""
+    for name, v in (("bucket_cap_bytes", bucket_cap_bytes), ("first_bucket_cap_bytes", first_bucket_cap_bytes)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     return compute_bucket_assignment_by_size(tensor_bytes, [first_bucket_cap_bytes, bucket_cap_bytes])
