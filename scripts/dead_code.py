@@ -31,6 +31,7 @@ CALLED_BY_NAME = {
     "backend_mask",  # c10::DispatchKeySet's API, mirrored
     "retains_grad",  # torch.Tensor's API, mirrored by the autograd chapter's Variable
     "round_to_format",  # the amp formats' public API (used in the book's prose)
+    "mutate",  # cosmic-ray Operator.mutate (grading/mutation.py's extra operator)
 }
 LINE = re.compile(r"^(?P<where>[^:]+:\d+): unused (?P<kind>function|method|class|import|property) '(?P<name>[^']+)'")
 

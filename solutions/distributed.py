@@ -10,10 +10,12 @@
 # state, the gradients and finally the parameters over the ranks).
 #
 # You will build, from `torch.distributed` primitives only: a ring all-reduce from sends and
-# receives, DDP (gradient hooks, then buckets that are all-reduced while backward is still running,
-# then `no_sync` for gradient accumulation), a ZeRO-1 sharded AdamW, a ZeRO-3/FSDP-style wrapper
-# that gathers each layer's parameters only while it computes, and a `torchrun` trainer that saves a
-# checkpoint and resumes bit-identically. The same code runs with the `gloo` backend on CPU tensors
+# receives, DDP (gradient hooks that finish by themselves when backward ends, then buckets that are
+# all-reduced while backward is still running and rebuilt in the order gradients really arrive, then
+# `no_sync` for gradient accumulation), a ZeRO-1 sharded AdamW that matches `torch.optim.AdamW` step
+# for step (frozen and tied parameters included), a wrapper with FSDP2's design that keeps every
+# parameter as a dim-0 shard and gathers a layer's parameters only while it computes, and a
+# `torchrun` trainer that saves a checkpoint and resumes bit-identically. The same code runs with the `gloo` backend on CPU tensors
 # (here) and with `nccl` on GPUs.
 #
 # **How this notebook works.** Run the cells in order. Each exercise has an *answer cell* (replace
@@ -131,12 +133,18 @@ for key in ("input", "all_reduce", "broadcast", "all_gather", "reduce_scatter", 
 # Write `chunk_bounds(length, world_size)` returning a list of `world_size` pairs `(start, end)`:
 # the chunks of a flat tensor of `length` elements. Chunk sizes differ by at most one, the **first**
 # `length % world_size` chunks get one extra element (the split `torch.tensor_split` makes), nothing
-# is dropped, and chunks may be empty when `length < world_size`. Plain Python only.
+# is dropped, and chunks may be empty when `length < world_size`. A `world_size` below 1 or a negative
+# `length` raises `ValueError`. Plain Python only.
 
 # %% [answer chunk_bounds]
 def chunk_bounds(length, world_size):
     """[start, end) of each of the world_size chunks of a flat tensor of `length` elements."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.distributed.ring.chunk_bounds
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length}")
     base, extra = divmod(length, world_size)
     bounds, start = [], 0
     for c in range(world_size):
@@ -188,6 +196,7 @@ def ring_all_reduce(tensor):
     """Sum `tensor` over all ranks of the default group, in place, with a ring of sends and receives."""
     rank, n = dist.get_rank(), dist.get_world_size()
     ### BEGIN SOLUTION
+    # twin: ptinternals.distributed.ring.ring_all_reduce
     if tensor.numel() == 0:
         return
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)  # (L,)
@@ -250,26 +259,40 @@ show_quiz("distributed", "q1")
 #    from its own random initialisation and they would never agree.
 # 2. **Average the gradients.** Each rank's loss is the mean over its own B/N samples; the mean over
 #    ranks of those gradients is the gradient of the mean loss over the whole batch of B, exactly
-#    what one process would compute. DDP's default communication hook (`allreduce_hook` in
-#    `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`) divides by the world size and
-#    all-reduces with SUM.
+#    what one process would compute. With no communication hook registered, the Reducer multiplies
+#    each gradient by 1/N *while copying it into its bucket* (`mark_variable_ready_dense`: one pass
+#    over the data instead of a copy and then a division) and all-reduces the bucket with the C++
+#    `_AllReduceBySumCommHook`, a plain SUM. (The Python `allreduce_hook` in
+#    `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py` is what you get when you register
+#    it yourself: it divides the bucket, then sums.)
 # 3. **Start early.** A gradient is final as soon as autograd has accumulated it into `p.grad`.
 #    `p.register_post_accumulate_grad_hook(fn)` calls `fn(p)` at exactly that moment, so the
 #    all-reduce of the last layer's gradient can start (asynchronously, `async_op=True` returns a
-#    `Work` handle) while backward is still computing the first layers'. Before `optimizer.step()`
-#    every handle must be waited on.
+#    `Work` handle) while backward is still computing the first layers'.
+# 4. **Know when backward has ended.** Every handle must be waited on, and the reduced values be in
+#    `p.grad`, before `optimizer.step()` reads them; but DDP's user only calls `loss.backward()`.
+#    The autograd engine keeps, per backward call, a list of *final callbacks* that it runs once the
+#    whole graph has been executed, before `backward()` returns:
+#    `torch.autograd.Variable._execution_engine.queue_callback(fn)` appends to it, and may only be
+#    called while a backward is running, so the Reducer calls it from the first gradient hook of each
+#    backward (`autograd_hook` in reducer.cpp) with `finalize_backward`, which waits for every bucket
+#    and writes the averaged gradients into `p.grad`. Nobody calls a "finish" method.
 #
 # ### {{exercise naive_ddp}}: DDP, one all-reduce per parameter
 #
 # Write the class `NaiveDDP(module)`: broadcast every parameter and buffer from rank 0 in
-# `__init__`; register a post-accumulate-grad hook on every parameter that divides `p.grad` by the
-# world size and launches `dist.all_reduce(p.grad, async_op=True)`, keeping the handle;
-# `forward` runs the module; `finish_gradient_synchronization()` waits for every handle (the
-# checker calls it after `loss.backward()` and before the optimizer step). The checker gives each
-# rank a *different* initial model, trains 2 SGD steps, and compares the weights after wrapping,
-# every gradient and the final weights with single-process training on the full batch; it also
-# checks that there is exactly one asynchronous all-reduce per parameter and that the first one
-# starts before backward has produced the last gradient.
+# `__init__`; register a post-accumulate-grad hook on every parameter that requires grad, which
+# divides `p.grad` by the world size and launches `dist.all_reduce(p.grad, async_op=True)`, keeping
+# the handle; the first hook of each backward also queues `finish_gradient_synchronization` on the
+# engine (`torch.autograd.Variable._execution_engine.queue_callback`), which waits for every handle
+# when backward ends (and lets the next backward queue it again); `forward` runs the module. The
+# checker gives each rank a *different* initial model, trains 2 SGD steps, and compares the weights
+# after wrapping, every gradient the moment `loss.backward()` returns (it never calls your finish
+# method) and the final weights with single-process training on the full batch; it also checks that
+# there is exactly one asynchronous all-reduce per parameter that gets a gradient, that the first
+# one starts before backward has produced the last gradient, and that every one was waited on
+# before backward returned. Its models have frozen parameters (no hook, no gradient), a parameter
+# the forward never uses and weights tied between two layers (one parameter, one hook).
 
 # %% [answer naive_ddp]
 class NaiveDDP(nn.Module):
@@ -280,10 +303,12 @@ class NaiveDDP(nn.Module):
         self.module = module
         self.world_size = dist.get_world_size()
         ### BEGIN SOLUTION
+        # twin: ptinternals.distributed.naive_ddp.NaiveDDP
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(t, src=0)  # every replica starts from rank 0's values
         self._pending = []  # Work handles of the all-reduces in flight
+        self._callback_queued = False
         for p in module.parameters():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._hook)
@@ -292,6 +317,9 @@ class NaiveDDP(nn.Module):
     def _hook(self, param):
         """Runs when param.grad holds this parameter's accumulated gradient."""
         ### BEGIN SOLUTION
+        if not self._callback_queued:  # the first hook of this backward: wait for everything at its end
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradient_synchronization)
         param.grad.div_(self.world_size)  # the sum over ranks of grad / N is the mean
         self._pending.append(dist.all_reduce(param.grad, async_op=True))
         ### END SOLUTION
@@ -300,11 +328,12 @@ class NaiveDDP(nn.Module):
         return self.module(*args, **kwargs)
 
     def finish_gradient_synchronization(self):
-        """Wait until every gradient all-reduce has finished (call before optimizer.step())."""
+        """Wait until every gradient all-reduce has finished. The autograd engine runs it when backward ends."""
         ### BEGIN SOLUTION
         for work in self._pending:
             work.wait()
         self._pending.clear()
+        self._callback_queued = False
         ### END SOLUTION
 
 
@@ -315,7 +344,7 @@ check("distributed.naive_ddp", NaiveDDP, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [quiz]
-show_quiz("distributed", "q2", "q5")
+show_quiz("distributed", "q2", "q5", "q11")
 
 # %% [markdown]
 # ### Buckets
@@ -323,33 +352,58 @@ show_quiz("distributed", "q2", "q5")
 # One collective per parameter pays one latency per parameter: a transformer has hundreds of small
 # tensors (biases, norms), and launching hundreds of tiny all-reduces per step wastes most of the
 # link. DDP therefore copies gradients into **buckets**, flat buffers of about `bucket_cap_mb = 25`
-# MiB, and all-reduces a bucket as one tensor when its last gradient arrives. The Reducer:
+# MiB, and all-reduces a bucket as one tensor when its last gradient arrives. Which gradients share
+# a bucket is decided by `compute_bucket_assignment_by_size` (reducer.cpp; callable as
+# `dist._compute_bucket_assignment_by_size`): walk the tensors in a given order and add each to the
+# open bucket of its dtype and device; close the bucket as soon as its size **reaches** its limit (so
+# it may overshoot by its last tensor, and a tensor bigger than the limit gets a bucket of its own);
+# the limits are used in turn, the last one repeating. DDP calls it twice:
 #
-# * assigns parameters to buckets with `compute_bucket_assignment_by_size` (reducer.cpp; callable as
-#   `dist._compute_bucket_assignment_by_size`), visiting them in the order their gradients are
-#   expected: **reverse** registration order, last layer first. Each bucket has a size limit; it is
-#   closed as soon as its size **reaches** the limit (so it may overshoot by its last tensor), and a
-#   tensor bigger than the limit gets a bucket of its own. The **first** bucket's limit is small
-#   (`dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB) so that the first all-reduce starts after only a few
-#   gradients; the others use the cap.
-# * after the first iteration, *rebuilds* the buckets in the order gradients actually arrived
-#   (`rebuild_buckets`): a model's forward need not follow its registration order.
-# * launches buckets strictly in order (`next_bucket_`): every rank then issues the same
-#   collectives in the same order, even if its gradients arrive in a slightly different order.
+# * **At construction** (`_ddp_init_helper` in `torch/nn/parallel/distributed.py`), over the
+#   parameters in *registration* order, and hands the Reducer the bucket list *reversed*, since
+#   gradients arrive roughly last layer first. With the defaults the only limit is `sys.maxsize`:
+#   the **first iteration runs with one bucket**, all-reduced when backward has produced every
+#   gradient. DDP does not know yet in which order the gradients will arrive (a model's forward need
+#   not follow its registration order, and a wrong guess could launch an all-reduce on one rank while
+#   another is in a different collective), so it does not overlap anything yet. During that first
+#   backward the Reducer records the order in which the gradients become ready (`rebuilt_params_`).
+# * **At the next forward** (`Reducer::rebuild_buckets`), over the parameters *in that recorded
+#   order*, with the limits `[first_bucket_bytes_cap, bucket_bytes_cap]`: the first bucket is small,
+#   `dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB (when `bucket_cap_mb` is left at its default; with your
+#   own cap the first bucket gets that cap too), so the first all-reduce starts after the first few
+#   gradients; the others hold up to 25 MiB. Rank 0's assignment is broadcast so that every rank
+#   agrees, and the buckets never change again. (Under `find_unused_parameters=True` there is no
+#   rebuild: the construction-time buckets use `[1 MiB, cap]` over the registration order, reversed,
+#   so the small bucket holds the first layers and goes out last.)
 #
+# Buckets are launched strictly in order (`next_bucket_`): every rank then issues the same
+# collectives in the same order, even if its gradients arrive in a slightly different order. Here is
+# torch's own Reducer on rank 0 of the tour (six 128 x 128 layers of 64.5 KiB, `bucket_cap_mb=0.1`):
+# the buckets it holds at construction, and after the first backward, as indices of
+# `list(model.parameters())` (12 tensors: weight 0, bias 0, weight 1, ...). The rebuilt buckets start
+# with the last layer's bias: its gradient is the first one ready.
+
+# %%
+for when in ("at construction", "after the first backward"):
+    print(f"{when:26s}", tour[0]["torch_buckets"][when])
+
+# %% [markdown]
 # ### {{exercise assign_buckets}}: bucket assignment
 #
-# Write `assign_buckets(tensor_bytes, bucket_cap_bytes, first_bucket_cap_bytes)`: `tensor_bytes[i]`
-# is the size in bytes of tensor i, listed in the order their gradients become ready. Return the
-# buckets as lists of tensor indices, in order: walk the tensors, add each to the open bucket, and
-# close the bucket as soon as its total is `>=` its limit (`first_bucket_cap_bytes` for the first
-# bucket, `bucket_cap_bytes` for every later one); keep the last, partly filled bucket. The checker
-# compares with `dist._compute_bucket_assignment_by_size`. Plain Python only.
+# Write `assign_buckets(tensor_bytes, bucket_cap_bytes, first_bucket_cap_bytes)`: the rebuild's
+# call, for tensors of one dtype and device. `tensor_bytes[i]` is the size in bytes of tensor i,
+# listed in the order their gradients became ready. Return the buckets as lists of tensor indices, in
+# order: walk the tensors, add each to the open bucket, and close the bucket as soon as its total is
+# `>=` its limit (`first_bucket_cap_bytes` for the first bucket, `bucket_cap_bytes` for every later
+# one); keep the last, partly filled bucket. The checker compares with
+# `dist._compute_bucket_assignment_by_size(tensors, [first_bucket_cap_bytes, bucket_cap_bytes])`,
+# with totals exactly at a limit and one byte either side. Plain Python only.
 
 # %% [answer assign_buckets]
 def assign_buckets(tensor_bytes, bucket_cap_bytes, first_bucket_cap_bytes):
     """Bucket the tensors (given in ready order) like DDP's Reducer: lists of indices."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.distributed.buckets.assign_buckets
     buckets, current, size = [], [], 0
     limit = first_bucket_cap_bytes
     for i, nbytes in enumerate(tensor_bytes):
@@ -374,26 +428,35 @@ check("distributed.assign_buckets", assign_buckets, hidden=True)
 # %% [markdown]
 # ### {{exercise bucketed_ddp}}: bucketed DDP, overlapping backward
 #
-# Write `BucketedDDP(module, bucket_cap_mb=25.0, first_bucket_cap_mb=1.0)`:
+# Write `BucketedDDP(module, bucket_cap_mb=25.0, first_bucket_cap_mb=1.0)` the way the Reducer works
+# (`first_bucket_cap_mb` stands for `dist._DEFAULT_FIRST_BUCKET_BYTES`):
 #
-# * `__init__`: broadcast from rank 0 as before. Take the parameters that require grad, in
-#   **reverse** order (`params[::-1]`), and bucket their byte sizes
-#   (`p.numel() * p.element_size()`) with your `assign_buckets`, limits
-#   `int(first_bucket_cap_mb * 2**20)` and `int(bucket_cap_mb * 2**20)`. Give each bucket a flat
-#   buffer (`torch.zeros(sum of its numels)`), each parameter a slot (bucket, offset) in it, and each
-#   bucket a count of gradients still missing. Register on every parameter a post-accumulate-grad
-#   hook that calls `self._on_grad_ready(index, param)` ({{exercise no_sync}} overrides that method).
-# * `_on_grad_ready(index, param)`: copy `param.grad` into its slot. When that fills the bucket,
-#   launch every bucket that is now complete **in bucket order**: divide its buffer by the world
-#   size, `dist.all_reduce(buffer, async_op=True)`, keep the handle.
-# * `finish_gradient_synchronization()`: wait for every bucket, copy each parameter's slice of its
-#   reduced bucket back into `p.grad`, and reset the per-backward state (missing counts, next bucket
-#   to launch) for the next iteration.
+# * `__init__`: broadcast from rank 0 as before. Keep the parameters that require grad
+#   (`self.params`) and start with **one** bucket holding all of them, in registration order.
+#   Register on every parameter a post-accumulate-grad hook that calls `self._on_grad_ready(index,
+#   param)` ({{exercise no_sync}} overrides that method).
+# * `build_buckets(assignment)`: for lists of parameter indices, in launch order, give each bucket a
+#   flat buffer (`torch.zeros(sum of its numels)`), a count of gradients still missing, and each
+#   parameter a slot (bucket, element offset).
+# * `_on_grad_ready(index, param)`: the first hook of a backward queues
+#   `finish_gradient_synchronization` on the autograd engine. Until the buckets are rebuilt, append
+#   `index` to the order of ready gradients. Copy `param.grad` into its slot; when that fills the
+#   bucket, launch every bucket that is now complete **in bucket order**: divide its buffer by the
+#   world size, `dist.all_reduce(buffer, async_op=True)`, keep the handle.
+# * `forward`: when grad is enabled, the buckets not yet rebuilt and the first backward's order
+#   complete, rebuild them: `assign_buckets` over the parameters' byte sizes (`p.numel() *
+#   p.element_size()`) in that order, limits `int(bucket_cap_mb * 2**20)` and
+#   `int(first_bucket_cap_mb * 2**20)`; then run the module.
+# * `finish_gradient_synchronization()` (run by the engine when backward ends): wait for every
+#   bucket, copy each parameter's slice of its reduced bucket back into `p.grad`, and reset the
+#   per-backward state (missing counts, next bucket to launch, the queued-callback flag).
 #
-# The checker trains 2 steps with tiny caps (50 and 200 bytes, so this small MLP gets several
-# buckets) and checks the gradients, that each backward issues exactly torch's buckets (same sizes,
-# same order) as single flat all-reduces, asynchronously, the first one before backward has produced
-# the last gradient.
+# The checker trains with tiny caps (so a small MLP gets several buckets) and checks the gradients
+# when `loss.backward()` returns, and that each backward issues exactly torch's buckets (the same
+# sizes, in the same order: one bucket in the first backward, then the rebuilt ones) as single flat
+# all-reduces, asynchronously, the first one before backward has produced the last gradient (when
+# there are several), each waited on before backward returns. Its models have a frozen parameter (not
+# bucketed) and weights tied between two layers (one parameter, bucketed once).
 
 # %% [answer bucketed_ddp]
 class BucketedDDP(nn.Module):
@@ -405,16 +468,24 @@ class BucketedDDP(nn.Module):
         self.world_size = dist.get_world_size()
         self.require_backward_grad_sync = True  # {{exercise no_sync}} turns this off inside no_sync()
         ### BEGIN SOLUTION
+        # twin: ptinternals.distributed.ddp.DistributedDataParallel
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(t, src=0)
         self.params = [p for p in module.parameters() if p.requires_grad]
-        order = list(range(len(self.params)))[::-1]  # gradients become ready last layer first
-        assignment = assign_buckets([self.params[i].numel() * self.params[i].element_size() for i in order],
-                                    int(bucket_cap_mb * 2**20), int(first_bucket_cap_mb * 2**20))
-        self.buckets, self.slot = [], {}  # slot[param index] = (bucket index, element offset)
-        for b, positions in enumerate(assignment):
-            indices = [order[k] for k in positions]
+        self.caps = (int(bucket_cap_mb * 2**20), int(first_bucket_cap_mb * 2**20))
+        self.build_buckets([list(range(len(self.params)))])  # first iteration: one bucket, registration order
+        self.ready_order, self.rebuilt = [], False  # the first backward's order of ready gradients
+        self.callback_queued = False
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._on_grad_ready(i, p))
+        ### END SOLUTION
+
+    def build_buckets(self, assignment):
+        """One flat buffer per list of parameter indices (in launch order); slot[i] = (bucket, offset)."""
+        ### BEGIN SOLUTION
+        self.buckets, self.slot = [], {}
+        for b, indices in enumerate(assignment):
             total = 0
             for i in indices:
                 self.slot[i] = (b, total)
@@ -422,16 +493,26 @@ class BucketedDDP(nn.Module):
             self.buckets.append({"params": indices, "pending": len(indices), "work": None,
                                  "buffer": torch.zeros(total, dtype=self.params[indices[0]].dtype)})  # (total,)
         self.next_bucket = 0  # buckets are launched strictly in order
-        for i, p in enumerate(self.params):
-            p.register_post_accumulate_grad_hook(lambda p, i=i: self._on_grad_ready(i, p))
         ### END SOLUTION
 
     def forward(self, *args, **kwargs):
+        ### BEGIN SOLUTION
+        if torch.is_grad_enabled() and not self.rebuilt and len(self.ready_order) == len(self.params):
+            sizes = [self.params[i].numel() * self.params[i].element_size() for i in self.ready_order]
+            positions = assign_buckets(sizes, *self.caps)  # rebuild_buckets: the order gradients really arrived
+            self.build_buckets([[self.ready_order[k] for k in bucket] for bucket in positions])
+            self.rebuilt = True
+        ### END SOLUTION
         return self.module(*args, **kwargs)
 
     def _on_grad_ready(self, index, param):
         """Hook body: param.grad holds parameter `index`'s accumulated gradient."""
         ### BEGIN SOLUTION
+        if not self.callback_queued:  # the first hook of this backward: finish when backward ends
+            self.callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradient_synchronization)
+        if not self.rebuilt:
+            self.ready_order.append(index)
         b, offset = self.slot[index]
         bucket = self.buckets[b]
         bucket["buffer"][offset:offset + param.numel()].copy_(param.grad.reshape(-1))
@@ -444,8 +525,10 @@ class BucketedDDP(nn.Module):
         ### END SOLUTION
 
     def finish_gradient_synchronization(self):
-        """Wait for every bucket, copy the averaged gradients into p.grad, reset for the next backward."""
+        """Wait for every bucket, copy the averaged gradients into p.grad, reset for the next backward.
+        The autograd engine runs it when backward ends."""
         ### BEGIN SOLUTION
+        self.callback_queued = False
         if self.next_bucket < len(self.buckets):
             raise RuntimeError("backward ended before every bucket was all-reduced: a parameter got no gradient")
         with torch.no_grad():
@@ -500,10 +583,14 @@ plot_ddp_timeline(d0["timeline"])
 #
 # Write `AccumulatingDDP(BucketedDDP)` with a context manager `no_sync()` that sets
 # `self.require_backward_grad_sync = False` for its duration (and restores the previous value, even
-# on an exception), and make `_on_grad_ready` and `finish_gradient_synchronization` do nothing while
-# it is False. The checker runs 3 micro-batches per step, the first 2 inside `no_sync()` (where
-# no collective may be called and each rank keeps its own gradient), then checks the gradients after
-# the synced backward against the full batch, for 2 steps.
+# on an exception), and make `_on_grad_ready` do nothing while it is False: no slot is filled, no
+# order recorded, no callback queued, so nothing is left to finish when that backward ends. (torch
+# reads the flag in `forward`, not in the hooks: a forward run inside `no_sync()` does not sync even
+# if its backward runs outside. The checker runs both inside, where the two agree.) The checker runs 3
+# micro-batches per step, the first 2 inside `no_sync()` (where no collective may be called, except
+# the broadcast of rank 0's rebuilt buckets that torch makes at the forward after the first
+# backward, and each rank keeps its own gradient), then checks the gradients when the synced
+# backward returns against the full batch, for 2 steps.
 
 # %% [answer no_sync]
 class AccumulatingDDP(BucketedDDP):
@@ -512,6 +599,7 @@ class AccumulatingDDP(BucketedDDP):
     @contextlib.contextmanager
     def no_sync(self):
         ### BEGIN SOLUTION
+        # twin: ptinternals.distributed.ddp.DistributedDataParallel
         old = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
@@ -522,14 +610,8 @@ class AccumulatingDDP(BucketedDDP):
 
     def _on_grad_ready(self, index, param):
         ### BEGIN SOLUTION
-        if self.require_backward_grad_sync:
+        if self.require_backward_grad_sync:  # inside no_sync(): no bucket, no callback, no communication
             super()._on_grad_ready(index, param)
-        ### END SOLUTION
-
-    def finish_gradient_synchronization(self):
-        ### BEGIN SOLUTION
-        if self.require_backward_grad_sync:
-            super().finish_gradient_synchronization()
         ### END SOLUTION
 
 
@@ -592,20 +674,41 @@ show_quiz("distributed", "q3", "q4", "q10")
 # `[r S, (r+1) S)` with S = ceil(P / N); each step, **reduce-scatter** the flat gradient so rank r
 # receives the summed gradient of its range, step AdamW on that range only (its moments are S
 # elements, not P), and **all-gather** the updated ranges back into every rank's parameters.
-# AdamW is elementwise, so this is exactly AdamW. torch's version is
-# `torch/distributed/optim/zero_redundancy_optimizer.py` (it partitions whole parameters instead of
-# a flat range); DeepSpeed's stage 1 and 2 use flat ranges.
+# torch's version is `torch/distributed/optim/zero_redundancy_optimizer.py` (it partitions whole
+# parameters instead of a flat range); DeepSpeed's stage 1 and 2 use flat ranges.
+#
+# AdamW is elementwise, so this is exactly AdamW, *if* two things `torch.optim.AdamW` does per
+# parameter survive the flattening. Each parameter has its own step count (the bias correction
+# divides by 1 - beta^t). And a parameter whose `.grad` is None is **skipped**: no moments, no step
+# count, and no decoupled weight decay (`p *= 1 - lr * weight_decay` happens only to parameters with a
+# gradient). A frozen parameter (`requires_grad=False`) or one the forward did not use keeps its value.
+# Treating the missing gradient as zero is a real bug (the course's own reference had it): the
+# moments stay 0, but weight decay shrinks the frozen weights a little every step. So rank r keeps its
+# range as **pieces**, one per parameter that overlaps it (a parameter may be split between ranks), and
+# a `torch.optim.AdamW` over the pieces keeps per-parameter state and skips a piece whose `.grad` is
+# None. Whether a parameter has a gradient must be decided over **all** ranks, since its piece may
+# live on a rank whose batch did not use it: one small all-reduce of a flag per parameter (DDP's
+# `local_used_map` does the same); a gradient missing on some ranks counts as zero in the mean, as
+# averaging the full-batch loss over ranks does. Tied parameters are one parameter
+# (`model.parameters()` lists each once), with the sum of both uses' gradients.
 #
 # ### {{exercise shard_bounds}}: a rank's shard
 #
 # Write `shard_bounds(numel, world_size, rank)` returning `(start, end)` of `rank`'s shard: shards of
 # S = ceil(numel / world_size) elements (the all-gather needs equal sizes), clamped to `numel`, so the
-# last shards may be short or empty and nothing is dropped. Plain Python only.
+# last shards may be short or empty and nothing is dropped: the split `torch.chunk` makes, which is also
+# how FSDP2 splits a parameter's rows. A `world_size` below 1 or a negative `numel` raises
+# `ValueError`, a `rank` outside `[0, world_size)` `IndexError`. Plain Python only.
 
 # %% [answer shard_bounds]
 def shard_bounds(numel, world_size, rank):
     """[start, end) of `rank`'s shard of a flat vector of `numel` elements."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.distributed.zero.shard_bounds
+    if world_size < 1 or numel < 0:
+        raise ValueError(f"need world_size >= 1 and numel >= 0, got world_size={world_size}, numel={numel}")
+    if not 0 <= rank < world_size:
+        raise IndexError(f"rank must be in [0, {world_size}), got {rank}")
     shard = -(-numel // world_size)  # ceil(numel / world_size)
     return min(rank * shard, numel), min((rank + 1) * shard, numel)
     ### END SOLUTION
@@ -622,19 +725,23 @@ check("distributed.shard_bounds", shard_bounds, hidden=True)
 #
 # Write `ShardedAdamW(params, lr, betas, eps, weight_decay)` with `step()` and `zero_grad()`. Every
 # rank calls it with the same model's parameters, whose `.grad` hold **local** gradients (no DDP
-# here: averaging is your job). In `__init__`, copy your shard of the flattened parameters into an
-# `nn.Parameter` of `end - start` elements and build a `torch.optim.AdamW` over that one tensor (or
-# write Adam yourself). In `step()`: flatten the gradients into a zero-padded buffer of N S
-# elements, divide by N, `reduce_scatter_flat` it into an S-element buffer, give its first
-# `end - start` elements to your shard as `.grad`, step, then `all_gather_flat` the zero-padded
-# updated shards into N S elements and copy them into the parameters (`p.copy_(...)` under
+# here: averaging is your job). In `__init__`, copy your range of the flattened parameters into a
+# tensor of `end - start` elements, cut it into one `nn.Parameter` per parameter that overlaps your
+# range (`nn.Parameter(shard[a:b])` is a view: stepping it updates the shard), and build a
+# `torch.optim.AdamW` over those pieces. In `step()`: all-reduce a flag per parameter saying whether
+# its `.grad` is set; flatten the gradients into a zero-padded buffer of N S elements, divide by N,
+# `reduce_scatter_flat` it into an S-element buffer, give each piece its slice as `.grad` (None when
+# no rank has a gradient for its parameter), step, then `all_gather_flat` the zero-padded updated
+# ranges into N S elements and copy them into the parameters that stepped (`p.copy_(...)` under
 # `torch.no_grad()`).
 #
 # The checker trains 3 steps and compares every rank's parameters after every step with
-# `torch.optim.AdamW` on the full batch, then counts the bytes of the tensors your optimizer keeps
-# between steps (everything reachable from its attributes, gradients and the model's parameters
-# aside): at most 3 x 4 x S (two moments and the shard) plus a little. Keep the padded full-size
-# buffers local to `step()`.
+# `torch.optim.AdamW` on the full batch (the expected values come from torch's optimizer), on models
+# with a frozen parameter, one the forward never uses, one only rank 0's batch uses, weights tied
+# between layers and a column-major weight; then it counts the bytes of the tensors your optimizer
+# keeps between steps (everything reachable from its attributes, gradients and the model's
+# parameters aside): at most 3 x 4 x S (two moments and the shard) plus a little for step counters.
+# Keep the padded full-size buffers local to `step()`.
 
 # %% [answer sharded_adamw]
 class ShardedAdamW:
@@ -644,39 +751,48 @@ class ShardedAdamW:
         self.params = list(params)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         ### BEGIN SOLUTION
-        self.numel = sum(p.numel() for p in self.params)  # P
+        # twin: ptinternals.distributed.zero.ZeroRedundancyAdamW
+        self.offsets = [0]  # offsets[i]: where params[i] starts in the flat vector of P elements
+        for p in self.params:
+            self.offsets.append(self.offsets[-1] + p.numel())
+        self.numel = self.offsets[-1]  # P
         self.shard_size = -(-self.numel // self.world_size)  # S = ceil(P / N)
         self.start, self.end = shard_bounds(self.numel, self.world_size, self.rank)
         with torch.no_grad():
             flat = torch.cat([p.detach().reshape(-1) for p in self.params])  # (P,)
-            self.shard = nn.Parameter(flat[self.start:self.end].clone())  # (end - start,)
-        self.optimizer = torch.optim.AdamW([self.shard], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            self.shard = flat[self.start:self.end].clone()  # (end - start,): my range of the weights
+        self.pieces = []  # (i, a, b, piece): params[i]'s part [a, b) of my range, a view of the shard
+        for i in range(len(self.params)):
+            a, b = max(self.offsets[i], self.start), min(self.offsets[i + 1], self.end)
+            if a < b:
+                self.pieces.append((i, a, b, nn.Parameter(self.shard[a - self.start:b - self.start])))
+        pieces = [piece for *_, piece in self.pieces] or [nn.Parameter(torch.zeros(0))]
+        self.optimizer = torch.optim.AdamW(pieces, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         ### END SOLUTION
 
     @torch.no_grad()
     def step(self):
         ### BEGIN SOLUTION
         n, s, dtype = self.world_size, self.shard_size, self.params[0].dtype
-        flat_grad = torch.zeros(n * s, dtype=dtype)  # (N*S,): local grads, zero padding at the end
-        offset = 0
-        for p in self.params:
+        used = torch.tensor([p.grad is not None for p in self.params], dtype=torch.int32)
+        dist.all_reduce(used)  # which parameters have a gradient on SOME rank
+        flat_grad = torch.zeros(n * s, dtype=dtype)  # (N*S,): local grads, zeros where None and as padding
+        for i, p in enumerate(self.params):
             if p.grad is not None:
-                flat_grad[offset:offset + p.numel()] = p.grad.reshape(-1)
-            offset += p.numel()
+                flat_grad[self.offsets[i]:self.offsets[i + 1]] = p.grad.reshape(-1)
         flat_grad /= n
         grad_shard = torch.empty(s, dtype=dtype)  # (S,): the mean gradient of my range
         reduce_scatter_flat(grad_shard, flat_grad)
-        self.shard.grad = grad_shard[: self.end - self.start].clone()
-        self.optimizer.step()  # moments: 2 x (end - start) elements
-        self.shard.grad = None
+        for i, a, b, piece in self.pieces:  # no gradient anywhere: None, and AdamW skips the piece
+            piece.grad = grad_shard[a - self.start:b - self.start].clone() if used[i] else None
+        self.optimizer.step()  # per piece: moments, step count, decoupled weight decay
         padded = torch.zeros(s, dtype=dtype)
         padded[: self.end - self.start] = self.shard
         flat = torch.empty(n * s, dtype=dtype)  # (N*S,): every rank's updated range
         all_gather_flat(flat, padded)
-        offset = 0
-        for p in self.params:
-            p.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for i, p in enumerate(self.params):
+            if used[i]:
+                p.copy_(flat[self.offsets[i]:self.offsets[i + 1]].view_as(p))
         ### END SOLUTION
 
     def zero_grad(self):
@@ -702,62 +818,101 @@ for r in range(3):
           f"(unsharded AdamW: {z['full_state_bytes']:,} bytes)")
 
 # %% [quiz]
-show_quiz("distributed", "q6")
+show_quiz("distributed", "q6", "q12")
 
 # %% [markdown]
 # ## 5. FSDP: sharding the parameters too
 #
 # ZeRO-3, which PyTorch calls **FSDP** (Fully Sharded Data Parallel), shards the parameters as well:
-# between uses, rank r holds only its shard of each layer. The model is cut into **units** (usually
-# one per transformer block). For each unit (FSDP1: `torch/distributed/fsdp/_flat_param.py`,
-# `FlatParamHandle`; `_runtime_utils.py`):
+# between uses, rank r holds only its share of each layer. PyTorch's current FSDP is **FSDP2**,
+# `torch.distributed.fsdp.fully_shard` (`torch/distributed/fsdp/_fully_shard/`):
 #
-# * **init**: flatten the unit's parameters into one vector of P elements, pad it to N S with S =
-#   ceil(P / N), keep the shard `[r S, (r+1) S)` as an `nn.Parameter`, and delete the full
-#   parameters. The optimizer only ever sees shards.
-# * **forward**: all-gather the shards into the full flat buffer ("unshard"), point the layer's
-#   `weight`/`bias` at views of it, run the layer, and drop the buffer ("reshard"). At any moment only
-#   about one unit's full parameters exist (two with prefetching).
-# * **backward**: all-gather again (the buffer was freed), compute the unit's backward, and
-#   **reduce-scatter** the gradient of the flat buffer: rank r receives the summed gradient of its own
-#   shard, divided by N. Autograd would normally *save* the full weights for backward, keeping every
-#   unit alive; FSDP frees them and re-gathers (FSDP1 frees the storage; the reference uses
-#   `saved_tensors_hooks`).
-# * **prefetch**: issue the next unit's all-gather asynchronously before it is needed
-#   (`forward_prefetch`, `BackwardPrefetch.BACKWARD_PRE`), overlapping communication with compute at
-#   the cost of one more unit in memory.
+# * **Groups.** You call `fully_shard(block)` on each block (a transformer layer), then
+#   `fully_shard(model)` on the root. Each call makes one *group* of the parameters in that module
+#   that no inner group holds. A group is the unit of communication (one all-gather, one
+#   reduce-scatter) and of memory (its parameters exist in full only while it computes).
+# * **Every parameter sharded on dim 0.** A parameter of shape (d0, ...) is split like
+#   `torch.chunk(p, N, dim=0)`: S = ceil(d0 / N) rows per rank, the last ranks' short or empty. The
+#   shard **replaces the parameter on its module**, under the same name: a `DTensor` with placement
+#   `Shard(0)` over a `DeviceMesh`, which knows its global shape. So `model.parameters()` yields the
+#   shards, `optimizer = AdamW(model.parameters())` works unchanged and keeps state for this rank's
+#   rows only, and state dicts keep their names.
+# * **All-gather before forward, and again before backward.** Before a group's forward each rank
+#   copies its shards, padded to S rows, into one buffer, one all-gather brings every rank's, and
+#   each full parameter is copied out of it into an *unsharded parameter* that the modules compute
+#   with. After forward, with `reshard_after_forward=True` (the default for every group but the
+#   root), the modules get their shards back and the unsharded parameters' storage is freed
+#   (`untyped_storage().resize_(0)`): autograd still holds the tensors it saved for backward, with no
+#   memory behind them. A hook on the group's outputs re-allocates that storage and all-gathers into
+#   it before the group's backward runs. `reshard_after_forward=False` keeps the full parameters from
+#   forward to backward: one all-gather fewer, one group more in memory (the root's choice: its
+#   backward comes first).
+# * **Reduce-scatter of the gradients.** When the group's gradients are ready they are laid out
+#   rank-major in one buffer and reduce-scattered (divided by N): each rank receives its rows of the
+#   mean gradient, added to its shard's `.grad`, and the full parameters are freed again.
+# * **Mixed precision.** `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`
+#   casts the shards before the all-gather (half the bytes on the wire, compute in bf16) and
+#   reduce-scatters gradients in fp32; the shards and the optimizer stay fp32.
+# * **Frozen and tied parameters.** A frozen parameter (`requires_grad=False`) is sharded and
+#   gathered like any other and gets no gradient. A parameter used twice inside one group is one
+#   parameter. A parameter tied between two groups is refused at the first forward ("use
+#   `fully_shard([module_a, module_b])` to place them in the same FSDP group").
 #
-# ### {{exercise fully_sharded}}: a fully sharded `nn.Sequential`
+# **History: FSDP1's flat parameters.** The first FSDP (`FullyShardedDataParallel`;
+# `torch/distributed/fsdp/_flat_param.py`, `FlatParamHandle`) flattened each unit's parameters into
+# one `FlatParameter`, sharded that flat vector in ranges as ZeRO-1 does above, and made the module's
+# parameters views into it. The optimizer saw only flat shards, so parameter names, per-parameter
+# settings (no weight decay on biases), frozen parameters mixed with trainable ones and state dicts
+# all needed special handling (`use_orig_params=True`). FSDP2 shards each parameter on its own and
+# pays for it with a copy into and out of each collective's buffer. The reference keeps both designs:
+# `ptinternals/distributed/fsdp2.py` (FSDP2, without DTensor) and `fsdp.py` (FSDP1).
 #
-# Write `FullyShardedSequential(model)` for an `nn.Sequential` whose children are the units. The
-# simplest correct backward re-runs the layer: a custom `autograd.Function` whose `forward` gathers,
-# runs the layer on views of the gathered buffer (no autograd inside a Function's forward, so nothing
-# is saved) and drops the buffer; whose `backward` gathers again, re-runs the layer with autograd
-# on, gets the gradients of the input and of the flat buffer with `torch.autograd.grad`, and
-# reduce-scatters the latter (divided by N) into the shard's gradient. (Re-running the forward is
-# "activation checkpointing", a separate trick; real FSDP keeps the layer's activations and only
-# re-gathers the weights.) Use FSDP's layout: a unit's flat vector is its `named_parameters()`, each
-# flattened, in order, zero-padded to N S; shard r is `[r S, (r+1) S)` of it. `self.parameters()`
-# must yield only the shards, so delete the layers' own parameters (`del layer._parameters[name]`).
-# `gather(k)` all-gathers layer k's shards into a new (N S,) buffer; `run_layer(k, full, x)` (given)
-# runs layer k with its parameters set to views of `full`; `forward` runs the units in order
-# (layers without parameters, like `Tanh`, run as they are).
+# ### {{exercise fully_sharded}}: FSDP2's design, for an `nn.Sequential`
 #
-# The checker trains 3 SGD (momentum) steps and compares each rank's losses and the final outputs
-# with one process on the full batch. It counts the parameter elements each rank holds (only
-# shards), and tracks the buffers returned by all-gathers: at no moment may more than 3 gathered
-# layers be alive, nor as many bytes as the whole model.
+# Write `FullyShardedSequential(model)`, whose units are the children of an `nn.Sequential`:
+#
+# * `__init__`: for every parameter of each child, this rank's rows `[r S, (r+1) S)` of dim 0 (S =
+#   ceil(d0 / N), clamped to d0: possibly none) become an `nn.Parameter` with the parameter's
+#   `requires_grad`, **set on the child in place of the parameter**, under its own name (`setattr`
+#   on the submodule that owns it). Record each unit's `(name, shard)` pairs in `self.units[k]`, each
+#   parameter once, and each full shape in `self.shapes[name, k]`. A parameter used twice inside a
+#   unit is one shard; a parameter tied between two units may share one shard between them (autograd
+#   adds the two units' gradients) or be refused with a `ValueError` naming it, as torch does.
+# * `gather(k)`: `{name: full parameter}` of unit k: pad each shard to S rows, all-gather into
+#   N S rows, drop the padding rows.
+# * `reduce_scatter(k, name, grad_full)`: pad the full gradient to N S rows, divide by N,
+#   reduce-scatter, keep this rank's rows.
+# * `run_unit(k, full, x)` (given) runs child k with its parameters replaced by the tensors in
+#   `full` (`torch.func.functional_call`).
+# * `forward`: run the units in order (children without parameters as they are) through the
+#   `autograd.Function` `_ShardedUnit`, whose `forward` gathers, runs the unit (no autograd inside a
+#   Function's forward, so nothing is saved) and drops the full parameters, and whose `backward`
+#   gathers again, re-runs the unit with autograd on, gets the gradients of the input and of the
+#   full parameters that require grad with `torch.autograd.grad` (`allow_unused=True`: a parameter
+#   the forward never reads gets None) and reduce-scatters them into the shards' gradients. Re-running
+#   the unit is activation checkpointing, a simplification: FSDP2 keeps the activations and re-gathers
+#   only the parameters, with the storage trick above.
+#
+# The checker trains 3 SGD (momentum) steps with `torch.optim.SGD(model.parameters())` and compares
+# `model.named_parameters()` right after wrapping with what torch's `fully_shard` keeps (the same
+# names; shard r is `torch.chunk(p, N, dim=0)[r]`), each rank's losses, the output and every shard
+# after training with one process on the full batch. Its models have a frozen parameter, one the
+# forward never uses, a layer whose weight is used twice inside one unit, weights tied between two
+# units, a column-major weight, and layers with fewer rows than ranks. It tracks the all-gathers'
+# outputs: at no moment may more than 3 gathered units be alive, nor as many bytes as the whole
+# model. (tests/distributed runs torch's `fully_shard` on gloo on the same kinds of models and checks
+# that it agrees with these expected values.)
 
 # %% [answer fully_sharded]
-class _ShardedLayer(torch.autograd.Function):
-    """forward: gather the layer's parameters, run it, free them. backward: gather again, recompute,
-    reduce-scatter the gradient of the flat parameter."""
+class _ShardedUnit(torch.autograd.Function):
+    """forward: gather the unit's parameters, run it, free them. backward: gather again, recompute, and
+    reduce-scatter each parameter's gradient into its shard's .grad."""
 
     @staticmethod
-    def forward(ctx, x, shard, owner, k):
+    def forward(ctx, x, owner, k, *shards):
         ### BEGIN SOLUTION
-        full = owner.gather(k)  # (N*S,) gathered; freed when this function returns
-        out = owner.run_layer(k, full, x)
+        full = owner.gather(k)  # {name: full parameter}: gathered, freed when this function returns
+        out = owner.run_unit(k, full, x)
         ctx.save_for_backward(x)
         ctx.owner, ctx.k = owner, k
         return out
@@ -768,76 +923,87 @@ class _ShardedLayer(torch.autograd.Function):
         ### BEGIN SOLUTION
         (x,) = ctx.saved_tensors
         owner, k = ctx.owner, ctx.k
-        full = owner.gather(k).requires_grad_()  # gather again: (N*S,)
+        full = owner.gather(k)  # gather again
+        trainable = [name for name, shard in owner.units[k] if shard.requires_grad]
         with torch.enable_grad():
-            x = x.detach().requires_grad_()
-            out = owner.run_layer(k, full, x)
-            grad_x, grad_full = torch.autograd.grad(out, (x, full), grad_out)
-        grad_shard = torch.empty_like(owner.shards[k])  # (S,)
-        reduce_scatter_flat(grad_shard, grad_full / owner.world_size)
-        return grad_x, grad_shard, None, None
+            x = x.detach().requires_grad_(ctx.needs_input_grad[0])
+            for name in trainable:
+                full[name].requires_grad_()
+            out = owner.run_unit(k, full, x)
+            inputs = ([x] if x.requires_grad else []) + [full[name] for name in trainable]
+            grads = list(torch.autograd.grad(out, inputs, grad_out, allow_unused=True))
+        grad_x = grads.pop(0) if x.requires_grad else None
+        reduced = {name: None if g is None else owner.reduce_scatter(k, name, g) for name, g in zip(trainable, grads)}
+        return (grad_x, None, None, *[reduced.get(name) for name, _ in owner.units[k]])
         ### END SOLUTION
 
 
 class FullyShardedSequential(nn.Module):
-    """ZeRO-3: each child of `model` keeps 1/N of its flat parameters; full ones exist only while used."""
+    """FSDP2's design for an nn.Sequential: every parameter of each child sharded on dim 0, the shard registered
+    on the child under the parameter's own name; full parameters exist only while their unit computes."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.shards = nn.ParameterList()  # shards[k]: (S_k,) the only parameters this module has
-        self.layouts = []  # layouts[k]: [(name, shape, offset, numel)] of layer k's parameters
+        self.units = []  # units[k]: [(name, shard)] of child k, each parameter once (a tied one: one shard)
+        self.shapes = {}  # shapes[name, k]: the full shape of unit k's parameter `name`
         ### BEGIN SOLUTION
-        n = self.world_size
-        for layer in model:
-            named = list(layer.named_parameters())
-            layout, offset = [], 0
-            for name, p in named:
-                layout.append((name, p.shape, offset, p.numel()))
-                offset += p.numel()
-            self.layouts.append(layout)
-            if not named:
-                self.shards.append(nn.Parameter(torch.empty(0)))
-                continue
-            shard_size = -(-offset // n)
-            flat = torch.zeros(n * shard_size)  # (N*S,) zero padding past the P real elements
-            with torch.no_grad():
-                flat[:offset] = torch.cat([p.detach().reshape(-1) for _, p in named])
-            self.shards.append(nn.Parameter(flat[self.rank * shard_size:(self.rank + 1) * shard_size].clone()))
-            for name, _ in named:  # the layer no longer owns its full parameters
+        # twin: ptinternals.distributed.fsdp2.FullyShardedSequential
+        n, r = self.world_size, self.rank
+        shard_of = {}  # id(original parameter) -> its shard: a parameter tied between units is sharded once
+        for child in model:
+            unit = []
+            for name, p in list(child.named_parameters(remove_duplicate=False)):
+                if id(p) not in shard_of:
+                    rows = -(-p.shape[0] // n)  # S = ceil(d0 / N) rows per rank, as torch.chunk
+                    lo, hi = min(r * rows, p.shape[0]), min((r + 1) * rows, p.shape[0])
+                    shard_of[id(p)] = nn.Parameter(p.detach()[lo:hi].clone(), requires_grad=p.requires_grad)
+                shard = shard_of[id(p)]
+                if all(s is not shard for _, s in unit):
+                    unit.append((name, shard))
+                    self.shapes[name, len(self.units)] = p.shape
                 owner, _, attr = name.rpartition(".")
-                module = layer.get_submodule(owner)
-                del module._parameters[attr]
-                setattr(module, attr, None)
+                setattr(child.get_submodule(owner), attr, shard)  # FSDP2: the shard IS the parameter
+            self.units.append(unit)
         ### END SOLUTION
 
     def gather(self, k):
-        """All-gather layer k's shards into a new (N*S,) buffer."""
+        """{name: full parameter} of unit k, all-gathered from every rank's shard."""
         ### BEGIN SOLUTION
-        shard = self.shards[k].detach()
-        full = torch.empty(self.world_size * shard.numel(), dtype=shard.dtype)
-        all_gather_flat(full, shard)
+        n, full = self.world_size, {}
+        for name, shard in self.units[k]:
+            shape = self.shapes[name, k]
+            rows = -(-shape[0] // n)
+            padded = torch.zeros((rows,) + tuple(shape[1:]), dtype=shard.dtype)  # (S, *rest)
+            padded[: shard.shape[0]] = shard.detach()
+            gathered = torch.empty((n * rows,) + tuple(shape[1:]), dtype=shard.dtype)  # (N*S, *rest)
+            all_gather_flat(gathered.view(-1), padded.view(-1))
+            full[name] = gathered[: shape[0]]  # drop the padding rows
         return full
         ### END SOLUTION
 
-    def run_layer(self, k, full, x):
-        """Run layer k with its parameters set to views of `full` (given)."""
-        layer = self.model[k]
-        for name, shape, offset, numel in self.layouts[k]:
-            owner, _, attr = name.rpartition(".")
-            setattr(layer.get_submodule(owner), attr, full[offset:offset + numel].view(shape))
-        try:
-            return layer(x)
-        finally:
-            for name, *_ in self.layouts[k]:
-                owner, _, attr = name.rpartition(".")
-                setattr(layer.get_submodule(owner), attr, None)
+    def reduce_scatter(self, k, name, grad_full):
+        """The gradient of unit k's full parameter `name` -> this rank's rows of the mean over ranks."""
+        ### BEGIN SOLUTION
+        n, shape = self.world_size, self.shapes[name, k]
+        rows = -(-shape[0] // n)
+        padded = torch.zeros((n * rows,) + tuple(shape[1:]), dtype=grad_full.dtype)  # (N*S, *rest)
+        padded[: shape[0]] = grad_full / n
+        mine = torch.empty((rows,) + tuple(shape[1:]), dtype=grad_full.dtype)  # (S, *rest)
+        reduce_scatter_flat(mine.view(-1), padded.view(-1))
+        shard = dict(self.units[k])[name]
+        return mine[: shard.shape[0]]
+        ### END SOLUTION
+
+    def run_unit(self, k, full, x):
+        """Run child k with its parameters replaced by the tensors in `full` (given)."""
+        return torch.func.functional_call(self.model[k], full, (x,))
 
     def forward(self, x):
         ### BEGIN SOLUTION
-        for k, layer in enumerate(self.model):
-            x = _ShardedLayer.apply(x, self.shards[k], self, k) if self.layouts[k] else layer(x)
+        for k, child in enumerate(self.model):
+            x = _ShardedUnit.apply(x, self, k, *[s for _, s in self.units[k]]) if self.units[k] else child(x)
         return x
         ### END SOLUTION
 
@@ -851,29 +1017,26 @@ check("distributed.fully_sharded", FullyShardedSequential, hidden=True)
 # %% [markdown]
 # ### Memory over one step
 #
-# The reference `FullyShardedDataParallel` (`ptinternals/distributed/fsdp.py`, which keeps
-# activations and re-gathers only the weights, with `saved_tensors_hooks`) on a 6-layer MLP over 3
-# ranks: the bytes of full parameters alive after each all-gather and reshard. They never exceed one
-# layer; the dashed line is the unsharded model.
+# The reference FSDP2 (`ptinternals/distributed/fsdp2.py`, which keeps activations and re-gathers
+# only the parameters) on a 6-layer MLP over 3 ranks: the bytes of unsharded parameters alive after
+# each all-gather and reshard, in forward then backward. With `reshard_after_forward=True` they never
+# exceed one group; with `False` every group stays gathered from its forward to its backward. The
+# dashed line is the unsharded model.
 
 # %%
 f0 = tour[0]["fsdp"]
-print(f"peak full-parameter bytes {f0['peak']:,} of {f0['unsharded_bytes']:,}; "
-      f"this rank holds {f0['shard_elements']:,} parameter elements of {f0['unsharded_bytes'] // 4:,}")
+print(f"peak unsharded bytes {f0['peak']:,} (reshard_after_forward=False: {f0['peak_no_reshard']:,}) of "
+      f"{f0['unsharded_bytes']:,}; this rank holds {f0['shard_elements']:,} parameter elements of "
+      f"{f0['unsharded_bytes'] // 4:,}")
 plot_fsdp_memory(f0["events"], unsharded_bytes=f0["unsharded_bytes"])
 
 # %% [markdown]
-# ### FSDP2: `fully_shard` and DTensor
+# ### torch's `fully_shard`
 #
-# PyTorch's current FSDP (`torch.distributed.fsdp.fully_shard`, in
-# `torch/distributed/fsdp/_fully_shard/`) keeps each parameter as a **DTensor** sharded on dim 0
-# over a `DeviceMesh`, instead of one flat buffer per unit: a parameter knows its global shape and
-# its placement, state dicts are per-parameter, and the collectives are the same (all-gather into a
-# unit's buffer, reduce-scatter of its gradient). You call `fully_shard` on each block, then on the
-# root. A `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` casts the
-# shards before the all-gather (half the bytes on the wire, compute in bf16) and reduce-scatters
-# gradients in fp32; the sharded parameters and the optimizer stay fp32. Rank 0 of the tour ran it on
-# a 10 -> 16 -> 16 -> 3 MLP:
+# Rank 0 of the tour ran torch's FSDP2 on a 10 -> 16 -> 16 -> 3 MLP, every `nn.Linear` a group, with
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the first layer's
+# weight is a `DTensor` of global shape (16, 10) whose local shard on each of the 3 ranks has
+# ceil(16 / 3) = 6 rows (the last rank 4); the forward computes in bf16, the gradients arrive in fp32.
 
 # %%
 print({k: v for k, v in tour[0]["fsdp2"].items() if k != "seconds"})
@@ -883,10 +1046,11 @@ print({k: v for k, v in tour[0]["fsdp2"].items() if k != "seconds"})
 # dict, rank 0 writes one file: simple, but it must fit in one rank's memory) or let every rank write
 # its shards: `torch.distributed.checkpoint` (DCP) saves one file per rank plus metadata describing
 # which slice of which tensor each holds, and can **reshard** on load, to a different number of
-# ranks. The reference FSDP offers both (`full_state_dict`, `sharded_state_dict`).
+# ranks. FSDP2's state dict is made of the DTensor shards, which DCP saves as they are; FSDP1's
+# reference offers both (`full_state_dict`, `sharded_state_dict`).
 
 # %% [quiz]
-show_quiz("distributed", "q7")
+show_quiz("distributed", "q7", "q13", "q14")
 
 # %% [markdown]
 # ## 6. A torchrun trainer that survives a crash
@@ -923,6 +1087,7 @@ show_quiz("distributed", "q7")
 def save_checkpoint(path, step, model, optimizer):
     """Every rank calls this; rank 0 writes {step, model, optimizer, every rank's RNG state} atomically."""
     ### BEGIN SOLUTION
+    # twin: none (the entry is a whole torchrun training run; the reference trainer, ptinternals.distributed.train_ddp, is a command-line script that saves the same checkpoint contents)
     rng = [None] * dist.get_world_size()
     dist.all_gather_object(rng, torch.get_rng_state())  # rng[r] is rank r's CPU generator state
     if dist.get_rank() == 0:
@@ -1054,12 +1219,16 @@ show_quiz("distributed", "q8")
 # * A job is N processes in a process group; collectives are called by every rank, in the same
 #   order. `torchrun` sets the environment that `init_process_group` reads.
 # * The ring all-reduce sends 2 (N-1)/N of the data per rank: reduce-scatter, then all-gather.
-# * DDP = broadcast at start + post-accumulate-grad hooks + buckets (reverse order, first one small)
-#   all-reduced asynchronously while backward runs; `no_sync` accumulates and syncs once.
+# * DDP = broadcast at start + post-accumulate-grad hooks + buckets all-reduced asynchronously while
+#   backward runs (one bucket in the first iteration, then rebuilt in the order the gradients arrived,
+#   the first bucket small) + a callback queued on the autograd engine that finishes everything before
+#   `loss.backward()` returns; `no_sync` accumulates and syncs once.
 # * ZeRO shards optimizer state (1), gradients (2), parameters (3 = FSDP): same bytes on the wire for
-#   1 and 2, 1.5x for 3, and memory per rank that shrinks like 1/N.
-# * FSDP gathers a unit's parameters just before use and frees them after, in forward and again in
-#   backward, and reduce-scatters its gradients; FSDP2 does it per parameter with DTensor.
+#   1 and 2, 1.5x for 3, and memory per rank that shrinks like 1/N. Sharded or not, AdamW skips a
+#   parameter without a gradient.
+# * FSDP2 shards every parameter on dim 0 and keeps the shards as the model's parameters; a group's
+#   parameters are all-gathered before its forward and again before its backward, and its gradients
+#   reduce-scattered. FSDP1 did the same with one flat parameter per unit.
 # * A resumable checkpoint holds weights, optimizer state, data position and every rank's RNG state,
 #   written atomically.
 # * Hangs are mismatched collectives: compare what each rank was doing last.

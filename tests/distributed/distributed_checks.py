@@ -25,8 +25,10 @@ from torch import nn
 from ptinternals.distributed import (
     DistributedDataParallel,
     FullyShardedDataParallel,
+    FullyShardedSequential,
     NaiveDDP,
     ZeroRedundancyAdamW,
+    fully_shard,
     ring_all_reduce,
 )
 
@@ -270,6 +272,24 @@ def check_find_unused() -> dict:
 # ------------------------------------------------------------------------------------------------
 # ZeRO-1 and FSDP
 # ------------------------------------------------------------------------------------------------
+class FrozenTied(nn.Module):
+    """A frozen bias, a weight tied between two layers, a layer never used (grad None everywhere) and a
+    branch only rank 0's batch uses (grad None on the other ranks)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(5, 6), nn.Linear(6, 6), nn.Linear(6, 6)
+        self.c.weight = self.b.weight
+        self.a.bias.requires_grad_(False)
+        self.unused, self.head, self.branch = nn.Linear(6, 2), nn.Linear(6, 3), nn.Linear(6, 3)
+        self.to(DEV)
+
+    def forward(self, x, use_branch: bool):
+        h = torch.tanh(self.c(torch.tanh(self.b(torch.tanh(self.a(x))))))
+        return self.head(h) + (self.branch(h) if use_branch else 0)
+
+
 def check_zero(steps: int = 3) -> dict:
     rank, n = dist.get_rank(G), dist.get_world_size(G)
     x, y = batch(4 * n, 5, 3, seed=11)
@@ -288,10 +308,29 @@ def check_zero(steps: int = 3) -> dict:
     full_state = sum(t.numel() * t.element_size() for s in ref_opt.state.values() for t in s.values())
     moment_bytes = sum(t.numel() * t.element_size() for s in opt.optimizer.state.values()
                        for k, t in s.items() if k != "step")
-    return {"param_diff": max_diff(model.parameters(), ref.parameters()), "state_bytes": opt.state_bytes(),
+    param_diff = max_diff(model.parameters(), ref.parameters())
+    # step for step with torch.optim.AdamW on the full batch: frozen, tied, unused and partly used parameters
+    ref, model = FrozenTied(), FrozenTied()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.1)
+    opt2 = ZeroRedundancyAdamW(model.parameters(), lr=0.05, weight_decay=0.1, group=G)
+    xs, ys = x.chunk(n), y.chunk(n)
+    frozen_tied_diffs = []
+    for _ in range(steps):
+        ref_opt.zero_grad()
+        sum(nn.functional.mse_loss(ref(xs[r], r == 0), ys[r]) for r in range(n)).div(n).backward()
+        ref_opt.step()
+        opt2.zero_grad()
+        nn.functional.mse_loss(model(xs[rank], rank == 0), ys[rank]).backward()
+        opt2.step()
+        frozen_tied_diffs.append(max_diff(model.parameters(), ref.parameters()))
+    untouched = FrozenTied()
+    return {"param_diff": param_diff, "state_bytes": opt.state_bytes(),
             "moment_bytes": moment_bytes, "full_state_bytes": full_state,
-            "full_moment_bytes": sum(2 * p.numel() * p.element_size() for p in ref.parameters()),
-            "numel": opt.numel, "shard": (opt.start, opt.end)}
+            "full_moment_bytes": sum(2 * p.numel() * p.element_size() for p in mlp(0, widths).parameters()),
+            "numel": opt.numel, "shard": (opt.start, opt.end),
+            "frozen_tied_diffs": frozen_tied_diffs,
+            "frozen_moved": max_diff([model.a.bias, model.unused.weight, model.unused.bias],
+                                     [untouched.a.bias, untouched.unused.weight, untouched.unused.bias])}
 
 
 def settled_live_bytes(fsdp, timeout_s: float = 3.0) -> int:
@@ -370,21 +409,31 @@ def check_fsdp(steps: int = 3) -> dict:
     return out
 
 
-def check_fsdp2(steps: int = 3) -> dict:
-    """torch's own FSDP2 on a CPU mesh, same training as check_fsdp's reference."""
-    from torch.distributed.device_mesh import init_device_mesh
+def _mesh():
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(G if G is not None else dist.group.WORLD, DEV.type)
+
+
+def _fully_shard_all(model, **kwargs):
+    """torch's FSDP2 the way the chapter uses it: every child with parameters a group, then the root."""
     from torch.distributed.fsdp import fully_shard
 
+    mesh = _mesh()
+    for child in model:
+        if any(True for _ in child.parameters()):
+            fully_shard(child, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    return model
+
+
+def check_fsdp2(steps: int = 3) -> dict:
+    """torch's own FSDP2 on a CPU mesh, same training as check_fsdp's reference."""
     rank, n = dist.get_rank(G), dist.get_world_size(G)
     x, y = batch(2 * n, 5, 3, seed=13)
     ref = deep_mlp()
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
-    mesh = init_device_mesh("cpu", (n,))
-    model = deep_mlp()
-    for m in model:
-        if isinstance(m, nn.Linear):
-            fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = _fully_shard_all(deep_mlp())
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     for _ in range(steps):
         ref_opt.zero_grad()
@@ -398,6 +447,115 @@ def check_fsdp2(steps: int = 3) -> dict:
     return {"param_type": type(w).__name__, "placements": str(w.placements),
             "local_shape": tuple(w.to_local().shape), "global_shape": tuple(w.shape),
             "diff": max_diff([full[k] for k in ref.state_dict()], list(ref.state_dict().values()))}
+
+
+def _fsdp2_model(kind: str) -> nn.Module:
+    from ptinternals.checks.probes.distributed import build_model
+
+    arch = {"layers": [("linear", 5, 7), ("tanh",), ("pair", 7), ("tanh",), ("linear", 7, 7), ("tanh",),
+                       ("linear", 7, 2)], "frozen": ("0.bias",), "unused": (4,)}
+    if kind == "cross_tie":
+        arch = {"layers": [("linear", 5, 6), ("tanh",), ("linear", 6, 6), ("tanh",), ("linear", 6, 2)],
+                "tie": (("4.weight", "2.weight"),)}
+    if kind == "noncontig":
+        arch = dict(arch, noncontig=("4.weight",))
+    torch.manual_seed(0)
+    return build_model(arch).to(DEV)
+
+
+def check_fsdp2_reference(steps: int = 3) -> dict:
+    """The reference FSDP2 (fsdp2.py) against torch's fully_shard, trained side by side: the same names, the
+    same local shards (values too) after every AdamW step, frozen and unused parameters without gradients,
+    reshard_after_forward both ways, mixed precision; and both refuse a parameter tied between two groups."""
+    from ptinternals.distributed.fsdp2 import FullyShardedSequential, MixedPrecisionPolicy
+
+    rank, n = dist.get_rank(G), dist.get_world_size(G)
+    x, y = batch(4 * n, 5, 2, seed=21)
+    xs, ys = x.chunk(n)[rank], y.chunk(n)[rank]
+    out = {}
+    for reshard in (True, False):
+        ours, theirs = _fsdp2_model("plain"), _fully_shard_all(_fsdp2_model("plain"), reshard_after_forward=reshard)
+        wrapped = FullyShardedSequential(ours, group=G, reshard_after_forward=reshard)
+        opts = [torch.optim.AdamW(m.parameters(), lr=0.05, weight_decay=0.1) for m in (ours, theirs)]
+        diffs = []
+        for _ in range(steps):
+            for m, opt in zip((wrapped, theirs), opts):
+                opt.zero_grad()
+                nn.functional.mse_loss(m(xs), ys).backward()
+                opt.step()
+            mine, torch_local = dict(ours.named_parameters()), {k: v.to_local() for k, v in theirs.named_parameters()}
+            diffs.append(max_diff([mine[k] for k in torch_local], list(torch_local.values()))
+                         if list(mine) == list(torch_local) else math.inf)
+        out[f"reshard={reshard}"] = {
+            "names_equal": list(dict(ours.named_parameters())) == list(dict(theirs.named_parameters())),
+            "shapes_equal": [tuple(p.shape) for p in ours.parameters()] == [tuple(p.to_local().shape)
+                                                                            for p in theirs.parameters()],
+            "diffs": diffs, "no_grad": [k for k, p in ours.named_parameters() if p.grad is None],
+            "torch_no_grad": [k for k, p in theirs.named_parameters() if p.grad is None],
+            "peak": wrapped.memory.peak, "live_after": wrapped.memory.live_bytes()}
+    wrapped = FullyShardedSequential(_fsdp2_model("plain"), group=G,
+                                     mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
+    pred = wrapped(xs)
+    nn.functional.mse_loss(pred.float(), ys).backward()
+    out["mixed"] = {"out_dtype": str(pred.dtype),
+                    "grad_dtypes": sorted({str(p.grad.dtype) for p in wrapped.parameters() if p.grad is not None}),
+                    "shard_dtypes": sorted({str(p.dtype) for p in wrapped.parameters()})}
+    refusals = {}
+    for kind in ("cross_tie", "noncontig"):
+        for who in ("ours", "torch"):
+            try:
+                model = _fsdp2_model(kind)
+                if who == "ours":
+                    FullyShardedSequential(model, group=G)(xs)
+                else:
+                    _fully_shard_all(model)(xs)
+                refusals[kind, who] = None
+            except (ValueError, NotImplementedError, RuntimeError) as exc:  # torch 2.11: a shape error, not a check
+                refusals[kind, who] = f"{type(exc).__name__}: {exc}"
+    out["refusals"] = refusals
+    return out
+
+
+def check_fully_sharded_expected_vs_torch() -> dict:
+    """The graded exercise's expected values (distributed.fully_sharded, every case of this world size) against
+    torch's fully_shard run on the same model and batches: shards after wrapping and after training, losses,
+    outputs; a model torch refuses must be one the checker lets a student refuse (naming the parameter)."""
+    from ptinternals.checks.distributed import FullyShardedExercise
+    from ptinternals.checks.probes.distributed import build_model
+
+    rank, n = dist.get_rank(G), dist.get_world_size(G)
+    cases, expected = FullyShardedExercise().cases_and_expected(hidden=True)
+    out = []
+    for case, exp in zip(cases, expected):
+        if case.args[0] != n:
+            continue
+        spec = case.args[1]
+        model = build_model(spec["arch"], spec["state"]).to(DEV)
+        xs, ys = spec["x"].chunk(n)[rank].to(DEV), spec["y"].chunk(n)[rank].to(DEV)
+        try:
+            _fully_shard_all(model)
+            shards = [p.to_local().detach().clone() for p in model.parameters()]
+            opt = torch.optim.SGD(model.parameters(), lr=spec["lr"], momentum=0.5)
+            losses = []
+            for _ in range(spec["steps"]):
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(model(xs), ys)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        except (ValueError, NotImplementedError, RuntimeError) as exc:  # 2.11 fails on a tie instead of refusing
+            out.append({"label": case.label, "refused": str(exc), "may_refuse": list(exp["may_refuse"])})
+            continue
+        with torch.no_grad():
+            pred = model(spec["x_eval"].to(DEV))
+        out.append({
+            "label": case.label, "refused": None,
+            "names_equal": [k for k, _ in model.named_parameters()] == exp["names"],
+            "shard_diff": max_diff(shards, exp["shards"][rank]),
+            "final_diff": max_diff([p.to_local() for p in model.parameters()], exp["final"][rank]),
+            "loss_diff": max(abs(a - e[rank]) for a, e in zip(losses, exp["losses"])),
+            "out_diff": max_diff([pred], [exp["out"]])})
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -422,6 +580,16 @@ def check_invalid_inputs() -> dict:
     frozen = nn.Sequential(nn.Linear(2, 2))
     frozen[0].bias.requires_grad_(False)
     seq = nn.Sequential(nn.Sequential(nn.Linear(2, 2)), nn.Linear(2, 2))
+    scalar = nn.Module()
+    scalar.scale = nn.Parameter(torch.ones(()))
+    tied_again = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    tied_again[1].weight = tied_again[0].weight
+    tied_groups = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    tied_groups[1].weight = tied_groups[0].weight
+    tied_ddp = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    tied_ddp[1].weight = tied_ddp[0].weight
+    column_major = nn.Sequential(nn.Linear(3, 2))
+    column_major[0].weight = nn.Parameter(column_major[0].weight.detach().t().contiguous().t())
     cases = {
         "ring_not_tensor": _raises(lambda: ring_all_reduce([1.0, 2.0]), TypeError, "tensor"),
         "ring_bad_op": _raises(lambda: ring_all_reduce(torch.ones(3), op="max"), ValueError, "op"),
@@ -453,6 +621,15 @@ def check_invalid_inputs() -> dict:
         "fsdp_frozen": _raises(lambda: FullyShardedDataParallel(frozen), ValueError, "require grad"),
         "fsdp_bad_dtype": _raises(lambda: FullyShardedDataParallel(nn.Linear(2, 2), param_dtype=torch.int8),
                                   TypeError, "param_dtype"),
+        "fsdp2_zero_dim": _raises(lambda: fully_shard(scalar), ValueError, "'scale'"),
+        "fsdp2_twice": _raises(lambda: fully_shard(fully_shard(nn.Linear(2, 2), group=G), group=G), ValueError,
+                               "already"),
+        "fsdp2_tied_between_groups": _raises(lambda: fully_shard(fully_shard(tied_groups[0], group=G) and tied_groups,
+                                                                group=G), ValueError, "'1.weight'"),
+        "fsdp2_sequential_tied": _raises(lambda: FullyShardedSequential(tied_again, group=G), ValueError, "'1.weight'"),
+        "fsdp2_noncontiguous": _raises(lambda: FullyShardedSequential(column_major, group=G), ValueError, "'0.weight'"),
+        "ddp_tied_bucketed_once": None if len(DistributedDataParallel(tied_ddp, group=G).params) == 3 else
+        "a tied parameter must be bucketed once",
     }
     return cases
 
@@ -477,15 +654,18 @@ def check_train(workdir: str) -> dict:
 SUITES = {
     "ring": check_ring, "ddp": check_ddp,
     "no_sync": check_no_sync, "find_unused": check_find_unused, "zero": check_zero, "fsdp": check_fsdp,
-    "fsdp2": check_fsdp2, "invalid": check_invalid_inputs, "train": check_train,
+    "fsdp2": check_fsdp2, "fsdp2_reference": check_fsdp2_reference,
+    "fully_sharded_vs_torch": check_fully_sharded_expected_vs_torch, "invalid": check_invalid_inputs,
+    "train": check_train,
 }
 
 # What each spawn runs: world size 2 (everything), world size 4 (plus a 3-rank sub-group [1, 2, 3])
 PLANS = {
-    2: {"world": (["ring", "ddp", "no_sync", "find_unused", "zero", "fsdp", "invalid", "fsdp2", "train"],
-                  None)},
-    4: {"world": (["ring"], None),
-        "sub3": (["ring", "ddp", "no_sync", "find_unused", "zero", "fsdp"], [1, 2, 3])},
+    2: {"world": (["ring", "ddp", "no_sync", "find_unused", "zero", "fsdp", "invalid", "fsdp2", "fsdp2_reference",
+                   "fully_sharded_vs_torch", "train"], None)},
+    4: {"world": (["ring", "fully_sharded_vs_torch"], None),
+        "sub3": (["ring", "ddp", "no_sync", "find_unused", "zero", "fsdp", "fsdp2_reference",
+                  "fully_sharded_vs_torch"], [1, 2, 3])},
 }
 _RESULTS: dict = {}
 WORKDIR = None

@@ -12,10 +12,14 @@ from torch import nn
 from ptinternals.distributed import (
     DistributedDataParallel,
     FullyShardedDataParallel,
+    FullyShardedSequential,
+    MixedPrecisionPolicy,
     NaiveDDP,
     ZeroRedundancyAdamW,
+    assign_buckets,
     chunk_bounds,
     compute_bucket_assignment_by_size,
+    fully_shard,
     read_last_collective,
     ring_all_reduce,
     ring_bytes_sent_per_rank,
@@ -118,6 +122,17 @@ def test_shard_bounds_tile_the_flat_vector(numel, n):
     (lambda: shard_bounds(10, 2, 2), IndexError, "rank"),
     (lambda: shard_bounds(-1, 2, 0), ValueError, "numel"),
     (lambda: shard_bounds(10, 0, 0), ValueError, "world_size"),
+    (lambda: assign_buckets([4, 8], 0, 4), ValueError, "bucket_cap_bytes"),
+    (lambda: assign_buckets([4, 8], 16, 2.5), ValueError, "first_bucket_cap_bytes"),
+    (lambda: assign_buckets([4, -8], 16, 4), ValueError, "tensor_bytes[1]"),
+    (lambda: fully_shard(3), TypeError, "module"),
+    (lambda: fully_shard(nn.Linear(2, 2), reshard_after_forward="yes"), TypeError, "reshard_after_forward"),
+    (lambda: fully_shard(nn.Linear(2, 2), mp_policy="bf16"), TypeError, "mp_policy"),
+    (lambda: fully_shard(nn.Linear(2, 2), mp_policy=MixedPrecisionPolicy(param_dtype=torch.int8)), TypeError,
+     "mp_policy.param_dtype"),
+    (lambda: FullyShardedSequential(nn.Linear(2, 2)), TypeError, "model"),
+    (lambda: DistributedDataParallel(nn.Linear(2, 2), bucket_cap_mb=0), ValueError, "bucket_cap_mb"),
+    (lambda: DistributedDataParallel(nn.Linear(2, 2), first_bucket_cap_mb=-1.0), ValueError, "first_bucket_cap_mb"),
     (lambda: plot_ring_all_reduce(1), ValueError, "world_size"),
     (lambda: plot_ddp_timeline([]), ValueError, "timeline"),
     (lambda: plot_ddp_timeline([("x", 1.0)]), ValueError, "timeline[0]"),
@@ -135,6 +150,7 @@ def test_pure_functions_reject_bad_input(call, exc, words):
     lambda: NaiveDDP(nn.Linear(2, 2)),
     lambda: ZeroRedundancyAdamW(nn.Linear(2, 2).parameters()),
     lambda: FullyShardedDataParallel(nn.Linear(2, 2)),
+    lambda: fully_shard(nn.Linear(2, 2)),
 ])
 def test_everything_needs_a_process_group(call):
     assert not dist.is_initialized()
@@ -215,24 +231,74 @@ def single_rank_group():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("width, layers, cap_mb, expected", [
-    # defaults (25 MiB, first bucket 1 MiB): the last layer's 1 MiB fills the small first bucket
-    (512, 6, None, [(1050624, 2), (5253120, 10)]),
-    # a non-default cap: torch then uses the cap for the first bucket too
-    (256, 4, 0.6, [(789504, 6), (263168, 2)]),
-])
-def test_ddp_buckets_match_torch_ddp(single_rank_group, width, layers, cap_mb, expected):
-    def model():
-        return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+class _Reordered(nn.Module):
+    """Registered a, b, c but used c -> a -> b: the ready order is b, a, c, not the reverse of registration."""
 
-    kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
-    ours_kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb, "first_bucket_cap_mb": cap_mb}
-    ours = DistributedDataParallel(model(), **ours_kwargs)
-    got = [(b.buffer.numel() * b.buffer.element_size(), len(b.param_indices)) for b in ours.buckets]
-    assert got == expected
-    theirs = torch.nn.parallel.DistributedDataParallel(model(), **kwargs)
+    def __init__(self, width):
+        super().__init__()
+        self.a, self.b, self.c = (nn.Linear(width, width) for _ in range(3))
+
+    def forward(self, x):
+        return self.b(self.a(self.c(x)))
+
+
+def _ddp_model(kind: str, width: int, layers: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "reordered":
+        return _Reordered(width)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    if kind == "frozen":
+        model[1].weight.requires_grad_(False)
+    if kind == "tied":
+        model[2].weight = model[0].weight
+    return model
+
+
+def _torch_bucket_indices(ddp, params) -> list[list[int]]:
+    """torch's buckets, in launch order, as indices into ``params`` (the parameters that require grad)."""
+    index = {p.data_ptr(): i for i, p in enumerate(params)}
+    return [[index[t.data_ptr()] for t in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
+
+
+@pytest.mark.parametrize("kind, width, cap_mb, find_unused", [
+    ("plain", 512, None, False),  # default caps: 25 MiB, the first bucket 1 MiB (one 512 x 512 layer is 1 MiB)
+    ("plain", 256, 0.6, False),   # a non-default cap: torch then uses the cap for the first bucket too
+    ("plain", 96, 0.05, True),    # find_unused_parameters: [first, cap] over registration order, never rebuilt
+    ("reordered", 96, 0.05, False),  # the rebuild follows the order gradients really arrived in
+    ("frozen", 96, 0.05, False),  # frozen parameters are not bucketed
+    ("tied", 96, 0.05, False),    # a tied parameter is one parameter (bucketed once)
+])
+def test_ddp_bucket_indices_match_torch_ddp(single_rank_group, kind, width, cap_mb, find_unused):
+    """Bucket indices, in launch order, at construction and after torch rebuilds them at the 2nd forward: the
+    reference DDP, the reference assign_buckets on the observed ready order, and torch's own Reducer agree."""
+    from ptinternals.distributed.buckets import assign_buckets
+
+    kwargs = {"find_unused_parameters": find_unused} | ({} if cap_mb is None else {"bucket_cap_mb": cap_mb})
+    theirs = torch.nn.parallel.DistributedDataParallel(_ddp_model(kind, width), **kwargs)
+    ours = DistributedDataParallel(_ddp_model(kind, width), **kwargs)
+    params = [p for p in theirs.module.parameters() if p.requires_grad]
+    ready: list[int] = []
+    for i, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(lambda p, i=i: ready.append(i))
     x = torch.randn(2, width)
-    for _ in range(2):  # torch rebuilds buckets in gradient-ready order at the 2nd forward
+    at_construction = _torch_bucket_indices(theirs, params)
+    assert [b.param_indices for b in ours.buckets] == at_construction
+    if not find_unused:
+        assert at_construction == [list(range(len(params)))], "the first iteration has one bucket"
+    for step in range(3):
+        ready.clear()
         theirs(x).sum().backward()
-    buckets = theirs.reducer._get_zeros_like_grad_buckets()
-    assert got == [(b.buffer().numel() * b.buffer().element_size(), len(b.parameters())) for b in buckets]
+        ours(x).sum().backward()
+        got = _torch_bucket_indices(theirs, params)
+        assert [b.param_indices for b in ours.buckets] == got, f"step {step}"
+        if step == 0:
+            first_order = list(ready)
+    if find_unused:
+        assert got == at_construction, "find_unused_parameters: torch never rebuilds"
+        return
+    cap = int((cap_mb or 25) * 2**20)
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES if cap_mb is None else cap
+    nbytes = [params[i].numel() * params[i].element_size() for i in first_order]
+    assert [[first_order[k] for k in b] for b in assign_buckets(nbytes, cap, first)] == got
+    if kind == "reordered":  # b's gradients first, then a's, then c's: not the reverse of registration
+        assert first_order == [3, 2, 1, 0, 5, 4], first_order

@@ -11,9 +11,14 @@ as ``torch.distributed._compute_bucket_assignment_by_size``):
   each key is small and all later ones use the cap (the last limit repeats);
 - the buckets are returned sorted by the smallest tensor index they hold.
 
-DDP calls this on its parameters in the order their gradients are expected to become ready (the
-reverse of registration order, rebuilt from the observed order after the first iteration), so the
-small first bucket fills, and its all-reduce starts, after the very first few gradients.
+DDP calls it twice (torch/nn/parallel/distributed.py ``_ddp_init_helper``, reducer.cpp
+``rebuild_buckets``): at construction over the parameters in *registration* order, the bucket list
+then reversed (gradients arrive roughly last layer first), with the single limit ``sys.maxsize``
+unless ``find_unused_parameters`` (so the first iteration has one bucket); and after the first
+backward over the parameters in the order their gradients actually became ready, with the limits
+``[first_bucket_bytes_cap, bucket_bytes_cap]``, so the small first bucket holds the gradients that
+arrive first and its all-reduce starts early. :func:`assign_buckets` is that second call for one
+dtype and device (the chapter's exercise).
 """
 from __future__ import annotations
 
@@ -69,3 +74,13 @@ def compute_bucket_assignment_by_size(
     result.extend(indices for indices, _ in open_buckets.values() if indices)
     result.sort(key=min)
     return result
+
+
+def assign_buckets(tensor_bytes: Sequence[int], bucket_cap_bytes: int, first_bucket_cap_bytes: int) -> list[list[int]]:
+    """DDP's rebuilt buckets for tensors of one dtype and device, given in the order their gradients became
+    ready: close a bucket as soon as it reaches its limit, ``first_bucket_cap_bytes`` for the first bucket and
+    ``bucket_cap_bytes`` for every later one (``Reducer::rebuild_buckets``: limits [first, cap])."""
+    for name, v in (("bucket_cap_bytes", bucket_cap_bytes), ("first_bucket_cap_bytes", first_bucket_cap_bytes)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    return compute_bucket_assignment_by_size(tensor_bytes, [first_bucket_cap_bytes, bucket_cap_bytes])

@@ -3,23 +3,36 @@
 A reading of torch/csrc/distributed/c10d/reducer.cpp (class ``Reducer``) and
 torch/nn/parallel/distributed.py, in Python:
 
-- **Buckets.** Parameters are grouped, in the order their gradients are expected to become ready
-  (reverse registration order), into buckets of at most ``bucket_cap_mb`` (25 MiB), the first one
-  ``first_bucket_cap_mb`` (1 MiB) so communication starts early: :func:`compute_bucket_assignment_by_size`.
-  Each bucket owns one flat buffer (numel = sum of its parameters' numels, one dtype, one device), so
-  one collective moves many small gradients. (torch 2.x starts with a single bucket, or with buckets
-  in registration order under ``find_unused_parameters``, and *rebuilds* them at the second forward in
-  the order gradients actually arrived, with the same limits; we start from that layout, assuming
-  gradients arrive in reverse registration order. test_distributed_pure.py compares the two.)
+- **Buckets, as torch assigns them.** A bucket is one flat buffer (one dtype, one device) into which
+  many small gradients are copied, so one collective moves them all. At construction
+  (``_ddp_init_helper`` in distributed.py) torch calls ``compute_bucket_assignment_by_size`` on the
+  parameters in *registration* order and hands the Reducer the bucket list *reversed* (gradients
+  arrive roughly last layer first). With the defaults (``find_unused_parameters=False``) the only limit
+  is ``sys.maxsize``: the first iteration runs with ONE bucket per dtype and device, reduced when
+  backward has produced every gradient, because the real order is not known yet. During that first
+  backward the Reducer records the order in which the gradients became ready (``rebuilt_params_``),
+  and at the next forward ``rebuild_buckets`` assigns buckets over that order with the limits
+  ``[first_bucket_bytes_cap, bucket_bytes_cap]``: a small first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``,
+  1 MiB, when ``bucket_cap_mb`` is left at its default; the cap itself otherwise) so the first
+  all-reduce starts after the first few gradients, 25 MiB ones after it (rank 0's assignment is
+  broadcast so every rank agrees). It rebuilds once. Under ``find_unused_parameters=True`` it never
+  rebuilds: the construction-time assignment uses ``[first, cap]`` over the registration order,
+  reversed, so there the small bucket holds the *first* layers and goes out last.
 - **Hooks.** A post-accumulate-grad hook per parameter copies the new ``.grad`` into its slot of the
   bucket (``mark_variable_ready``). When a bucket's last slot is filled the bucket is divided by the
   world size and its ``all_reduce(async_op=True)`` launched (``mark_bucket_ready`` /
   ``all_reduce_bucket``) while autograd keeps computing earlier layers' gradients: communication
   overlaps backward. Buckets are launched strictly in order (``next_bucket_``) so every rank issues
   the same collectives in the same order even if its gradients arrive in a different order.
-- **Finalize.** A callback queued on the autograd engine runs when backward ends
-  (``finalize_backward``): it waits for every bucket and copies the averaged bucket back into each
-  ``param.grad`` (``finalize_bucket_dense``).
+- **Communication.** With no comm hook registered, the Reducer multiplies each gradient by 1/N *as it
+  copies it into the bucket* (``mark_variable_ready_dense``: one pass over the data instead of two)
+  and all-reduces the bucket with the C++ ``_AllReduceBySumCommHook`` (a plain SUM). The Python
+  ``allreduce_hook`` of default_hooks.py, when registered, divides the bucket instead.
+- **Finalize.** The first hook of a backward queues a callback on the autograd engine
+  (``Variable._execution_engine.queue_callback``); the engine runs it when the whole backward graph
+  has run, before ``loss.backward()`` returns (``finalize_backward``): it waits for every bucket and
+  copies the averaged bucket back into each ``param.grad`` (``finalize_bucket_dense``). The caller
+  never calls a "finish" method.
 - **no_sync().** Inside the context the hooks do nothing, gradients just accumulate locally; the first
   backward outside it all-reduces the accumulated sums (gradient accumulation with one sync).
 - **find_unused_parameters.** After forward, walk the autograd graph from the outputs
@@ -34,6 +47,7 @@ before backward ends (``plot_ddp_timeline`` in ptinternals.viz.distributed draws
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -41,7 +55,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._common import group_rank_and_size
+from ._common import global_rank, group_rank_and_size
 from .buckets import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, compute_bucket_assignment_by_size
 from .naive_ddp import broadcast_module_states
 
@@ -76,48 +90,46 @@ def _tensors_in(obj) -> list[torch.Tensor]:
 class DistributedDataParallel(nn.Module):
     """Bucketed, overlapping DDP. Use like torch's: wrap, forward, ``loss.backward()``, ``opt.step()``."""
 
-    def __init__(self, module: nn.Module, group=None, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
-                 first_bucket_cap_mb: float = DEFAULT_FIRST_BUCKET_BYTES / MiB,
-                 find_unused_parameters: bool = False):
+    def __init__(self, module: nn.Module, group=None, bucket_cap_mb: float | None = None,
+                 first_bucket_cap_mb: float | None = None, find_unused_parameters: bool = False):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
         for name, v in (("bucket_cap_mb", bucket_cap_mb), ("first_bucket_cap_mb", first_bucket_cap_mb)):
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
-                raise ValueError(f"{name} must be a number > 0, got {v!r}")
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
+                raise ValueError(f"{name} must be None or a number > 0, got {v!r}")
         if not isinstance(find_unused_parameters, bool):
             raise TypeError(f"find_unused_parameters must be a bool, "
                             f"got {type(find_unused_parameters).__name__}")
         self.rank, self.world_size = group_rank_and_size(group, "DistributedDataParallel")
         self.module, self.group = module, group
         self.find_unused_parameters = find_unused_parameters
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]  # tied ones once
         if not named:
             raise ValueError("module has no parameters that require grad: nothing to synchronise")
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
         broadcast_module_states(module, group)  # every replica starts from rank 0's weights
 
-        # Buckets, filled in the order gradients should arrive: last-registered parameter first.
-        ready_order = list(reversed(range(len(self.params))))
-        cap = max(1, int(bucket_cap_mb * MiB))
-        limits = [min(max(1, int(first_bucket_cap_mb * MiB)), cap), cap]
+        # torch's limits (_BucketCapacityConfig): the first bucket is small only when the cap is the default.
+        self.bucket_bytes_cap = max(1, int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * MiB))
+        if first_bucket_cap_mb is not None:  # the course's knob for dist._DEFAULT_FIRST_BUCKET_BYTES
+            self.first_bucket_bytes_cap = max(1, int(first_bucket_cap_mb * MiB))
+        else:
+            self.first_bucket_bytes_cap = DEFAULT_FIRST_BUCKET_BYTES if bucket_cap_mb is None else self.bucket_bytes_cap
+        # Construction (_ddp_init_helper): registration order, the bucket list reversed. Without
+        # find_unused_parameters the limit is sys.maxsize: one bucket until the order is known.
+        if not find_unused_parameters:
+            limits = [sys.maxsize]
+        elif self.first_bucket_bytes_cap < self.bucket_bytes_cap:
+            limits = [self.first_bucket_bytes_cap, self.bucket_bytes_cap]
+        else:
+            limits = [self.bucket_bytes_cap]
         assignment = compute_bucket_assignment_by_size(
-            [self.params[i].numel() * self.params[i].element_size() for i in ready_order], limits,
-            keys=[(self.params[i].dtype, self.params[i].device) for i in ready_order])
-        self.buckets: list[Bucket] = []
-        self._slot: dict[int, tuple[int, int]] = {}  # param index -> (bucket index, element offset)
-        for b, positions in enumerate(assignment):
-            indices = [ready_order[k] for k in positions]
-            offsets, total = [], 0
-            for i in indices:
-                offsets.append(total)
-                self._slot[i] = (b, total)
-                total += self.params[i].numel()
-            first = self.params[indices[0]]
-            buffer = torch.zeros(total, dtype=first.dtype, device=first.device)  # (sum of numels,)
-            names = [self.param_names[i] for i in indices]
-            self.buckets.append(Bucket(b, indices, offsets, buffer, names=names))
+            [p.numel() * p.element_size() for p in self.params], limits, keys=[(p.dtype, p.device) for p in self.params])
+        self._build_buckets(list(reversed(assignment)))
+        self._rebuilt = find_unused_parameters  # torch rebuilds once, and never under find_unused_parameters
+        self._ready_order: list[int] = []  # the first backward's order of ready gradients (rebuilt_params_)
 
         self.require_backward_grad_sync = True
         self._expect_hooks = False  # True between a syncing forward and the end of its backward
@@ -129,8 +141,40 @@ class DistributedDataParallel(nn.Module):
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                        for i, p in enumerate(self.params)]
 
+    def _build_buckets(self, assignment: list[list[int]]) -> None:
+        """One :class:`Bucket` per list of parameter indices, in launch order (reducer.cpp ``initialize_buckets``)."""
+        self.buckets: list[Bucket] = []
+        self._slot: dict[int, tuple[int, int]] = {}  # param index -> (bucket index, element offset)
+        for b, indices in enumerate(assignment):
+            offsets, total = [], 0
+            for i in indices:
+                offsets.append(total)
+                self._slot[i] = (b, total)
+                total += self.params[i].numel()
+            first = self.params[indices[0]]
+            buffer = torch.zeros(total, dtype=first.dtype, device=first.device)  # (sum of numels,)
+            names = [self.param_names[i] for i in indices]
+            self.buckets.append(Bucket(b, list(indices), offsets, buffer, names=names))
+
+    def _rebuild_buckets(self) -> None:
+        """``Reducer::rebuild_buckets``: assign buckets over the order the first backward's gradients became
+        ready, with the limits [first bucket, cap]; rank 0's order is broadcast so every rank agrees."""
+        if self._rebuilt or len(self._ready_order) != len(self.params):
+            return
+        order = torch.tensor(self._ready_order, dtype=torch.int64, device=self.params[0].device)
+        dist.broadcast(order, src=global_rank(self.group, 0), group=self.group)  # sync_bucket_indices
+        order_list = order.tolist()
+        positions = compute_bucket_assignment_by_size(
+            [self.params[i].numel() * self.params[i].element_size() for i in order_list],
+            [self.first_bucket_bytes_cap, self.bucket_bytes_cap],
+            keys=[(self.params[i].dtype, self.params[i].device) for i in order_list])
+        self._build_buckets([[order_list[k] for k in bucket] for bucket in positions])
+        self._rebuilt = True
+
     # ---------------------------------------------------------------- forward: prepare_for_backward
     def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled():  # torch rebuilds before the forward allocates activations
+            self._rebuild_buckets()
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if sync:
             self._prepare_for_backward()
@@ -177,6 +221,8 @@ class DistributedDataParallel(nn.Module):
                 torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
                 for j in self._unused:  # they will never fire a hook: count them as ready, grad 0
                     self._mark_ready(j, None)
+            if not self._rebuilt and len(self._ready_order) < len(self.params):
+                self._ready_order.append(index)  # push_rebuilt_params
             self._mark_ready(index, param.grad)
 
         return hook
@@ -188,7 +234,7 @@ class DistributedDataParallel(nn.Module):
         if grad is None:
             slot.zero_()
         else:
-            slot.copy_(grad.reshape(-1))  # numel * element_size bytes, grad -> bucket
+            torch.mul(grad.reshape(-1), 1.0 / self.world_size, out=slot)  # grad / N -> bucket, one pass
         self._ready[index] = True
         self.timeline.append(("grad_ready", time.perf_counter(), index))
         bucket.pending -= 1
@@ -199,10 +245,9 @@ class DistributedDataParallel(nn.Module):
         # In order only: bucket k+1 waits for bucket k, so all ranks issue identical collectives.
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             bucket = self.buckets[self._next_bucket]
-            bucket.buffer.div_(self.world_size)  # sum of (grad / N) over ranks = mean gradient
             bucket.launched_at = time.perf_counter()
             self.timeline.append(("bucket_launch", bucket.launched_at, bucket.index))
-            bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
+            bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)  # SUM of grad / N
             bucket.work.get_future().then(lambda fut, b=bucket: self._bucket_done(b))
             self._next_bucket += 1
 

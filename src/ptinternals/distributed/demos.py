@@ -3,7 +3,8 @@
 Starting ranks costs seconds (each imports torch), so the notebook starts them once and
 :func:`tour` runs every demonstration of the chapter in that one launch, returning plain data the
 notebook prints and draws: what each collective leaves on each rank, the ring's traffic, a DDP
-timeline, ZeRO-1's optimizer bytes, FSDP's live-parameter curve and torch's own FSDP2. Everything
+timeline, torch's own DDP buckets, ZeRO-1's optimizer bytes, FSDP's live-parameter curve and torch's own
+FSDP2. Everything
 here uses the reference implementation or torch itself, never a student's answer.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .ddp import DistributedDataParallel
-from .fsdp import FullyShardedDataParallel
+from .fsdp2 import FullyShardedSequential
 from .ring import ring_all_reduce, ring_bytes_sent_per_rank
 from .scaffold import all_gather_flat, reduce_scatter_flat
 from .zero import ZeroRedundancyAdamW
@@ -81,6 +82,25 @@ def ddp_timeline(rank: int, n: int) -> dict:
             "bucket_bytes": [b.buffer.numel() * 4 for b in ddp.buckets]}
 
 
+def torch_ddp_buckets(rank: int, n: int) -> dict:
+    """torch's own DDP: its buckets (indices of ``list(model.parameters())``, in launch order) at construction
+    and after the first backward, when the Reducer has rebuilt them in the order the gradients arrived."""
+    model = _mlp((128,) * 7)  # 6 layers of 64.5 KiB: two per bucket with a 0.1 MiB cap
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
+    params = list(model.parameters())
+    index = {p.data_ptr(): i for i, p in enumerate(params)}
+
+    def buckets():
+        return [[index[t.data_ptr()] for t in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
+
+    out = {"at construction": buckets()}
+    x = torch.randn(4, 128, generator=torch.Generator().manual_seed(rank))
+    ddp(x).square().mean().backward()
+    ddp(x)  # the next forward rebuilds
+    out["after the first backward"] = buckets()
+    return out
+
+
 def zero(rank: int, n: int) -> dict:
     model = _mlp((64, 128, 128, 10))
     opt = ZeroRedundancyAdamW(model.parameters(), lr=1e-3)
@@ -97,14 +117,20 @@ def zero(rank: int, n: int) -> dict:
 
 
 def fsdp(rank: int, n: int) -> dict:
-    model = _mlp((32,) * 7)
-    linears = [m for m in model if isinstance(m, nn.Linear)]
-    unsharded = sum(p.numel() * p.element_size() for p in model.parameters())
-    wrapped = FullyShardedDataParallel(model, units=linears, prefetch=False)
-    wrapped(torch.randn(4, 32)).square().mean().backward()
-    return {"events": list(wrapped.memory_events), "unsharded_bytes": unsharded,
-            "peak": wrapped.peak_full_param_bytes,
-            "shard_elements": sum(p.numel() for p in wrapped.parameters())}
+    """The reference FSDP2 (fsdp2.py) on a 6-layer MLP: live unsharded bytes over one step, resharding after
+    forward or not."""
+    out = {}
+    for reshard in (True, False):
+        model = _mlp((32,) * 7)
+        unsharded = sum(p.numel() * p.element_size() for p in model.parameters())
+        wrapped = FullyShardedSequential(model, reshard_after_forward=reshard)
+        wrapped(torch.randn(4, 32)).square().mean().backward()
+        key = "" if reshard else "_no_reshard"
+        out["events" + key] = list(wrapped.memory.events)
+        out["peak" + key] = wrapped.memory.peak
+        out["unsharded_bytes"] = unsharded
+        out["shard_elements"] = sum(p.numel() for p in model.parameters())
+    return out
 
 
 def fsdp2(rank: int, n: int) -> dict:
@@ -130,8 +156,8 @@ def fsdp2(rank: int, n: int) -> dict:
 def tour(rank: int, world_size: int) -> dict:
     """Every demonstration of the chapter, in one launch of ``world_size`` ranks."""
     out = {}
-    for name, fn in (("collectives", collectives), ("ring", ring), ("ddp", ddp_timeline), ("zero", zero),
-                     ("fsdp", fsdp), ("fsdp2", fsdp2)):
+    for name, fn in (("collectives", collectives), ("ring", ring), ("ddp", ddp_timeline),
+                     ("torch_buckets", torch_ddp_buckets), ("zero", zero), ("fsdp", fsdp), ("fsdp2", fsdp2)):
         t0 = time.perf_counter()
         out[name] = fn(rank, world_size)
         out[name]["seconds"] = time.perf_counter() - t0

@@ -27,8 +27,9 @@ _runtime_utils.py ``_pre_forward`` / ``_post_forward`` / ``_pre_backward_hook`` 
   wire, compute in bf16); ``reduce_dtype`` is the dtype of the gradient reduce-scatter; the shard and
   the optimizer stay in fp32 (FSDP's ``MixedPrecision`` / FSDP2's ``MixedPrecisionPolicy``).
 
-FSDP2 (``torch.distributed.fsdp.fully_shard``) keeps each parameter as a DTensor sharded on dim 0
-instead of one flat buffer per unit, but the collectives are the same.
+This is FSDP1, the design PyTorch has moved away from: FSDP2 (``torch.distributed.fsdp.fully_shard``,
+:mod:`ptinternals.distributed.fsdp2`) shards each parameter on dim 0 and keeps the shards as the
+module's parameters, instead of one flat buffer per unit; the collectives are the same.
 """
 from __future__ import annotations
 

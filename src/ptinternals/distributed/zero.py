@@ -17,13 +17,20 @@ S = ceil(P / N), and gives rank r the range [r*S, min((r+1)*S, P)). Each step:
 
 Communication equals one all-reduce, so ZeRO-1 costs no more bandwidth than DDP, and the optimizer
 state per rank drops to ~1/N. AdamW is elementwise, so the result equals ``torch.optim.AdamW`` on
-the full parameters exactly (up to rounding in the gradient sum).
+the full parameters (up to rounding in the gradient sum), provided two things torch's AdamW does per
+*parameter* survive the flattening: each parameter has its own step count (bias correction), and a
+parameter whose ``.grad`` is None is skipped, weight decay included (a frozen parameter,
+``requires_grad=False``, or one the forward did not use must not move). So the shard is kept as
+*pieces*, one per parameter that overlaps the rank's range, each a view of the shard, and a torch
+``AdamW`` over the pieces does both; an all-reduce of one flag per parameter tells every rank which
+parameters got a gradient on some rank (DDP's ``local_used_map`` does the same).
 """
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.distributed as dist
 
 from ._common import all_gather_flat, group_rank_and_size, reduce_scatter_flat
 
@@ -45,10 +52,17 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
 
 
 class ZeroRedundancyAdamW:
-    """AdamW whose state is sharded over the ranks of ``group``. Same step as ``torch.optim.AdamW``.
+    """AdamW whose state is sharded over the ranks of ``group``. Same steps as ``torch.optim.AdamW``.
 
-    Gradients are averaged over ranks inside :meth:`step` (a parameter whose ``.grad`` is None counts
-    as a zero gradient, unlike torch's AdamW which would skip it).
+    Each rank owns the range [start, end) of the flat parameter vector and keeps AdamW's state for it
+    only, per *piece*: the part of one parameter that falls in its range (a parameter may be split
+    between ranks). A torch ``AdamW`` over those pieces keeps per-parameter state (moments and step
+    count) exactly as ``torch.optim.AdamW`` over the whole parameters does, and skips a piece whose
+    ``.grad`` is None, so a parameter that got no gradient on ANY rank (frozen, ``requires_grad=False``,
+    or unused in the forward) is left alone: no step, no decoupled weight decay. Which parameters got a
+    gradient somewhere is one small all-reduce (DDP's ``local_used_map`` does the same job); a
+    parameter with a gradient on some ranks only counts the missing ones as zero, as averaging the
+    full-batch loss over ranks does.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -67,54 +81,67 @@ class ZeroRedundancyAdamW:
                 raise TypeError(f"params[{i}] is {p.dtype} on {p.device} but params[0] is "
                                 f"{self.params[0].dtype} on {self.params[0].device}: one flat buffer "
                                 f"needs one of each")
+            for j in range(i):
+                if self.params[j] is p:
+                    raise ValueError(f"params[{i}] is the same tensor as params[{j}] (a tied parameter listed "
+                                     f"twice): pass each parameter once, as model.parameters() does")
         self.group = group
         self.rank, self.world_size = group_rank_and_size(group, "ZeroRedundancyAdamW")
-        self.numel = sum(p.numel() for p in self.params)  # P
+        self.offsets = [0]  # offsets[i]: where params[i] starts in the flat vector of P elements
+        for p in self.params:
+            self.offsets.append(self.offsets[-1] + p.numel())
+        self.numel = self.offsets[-1]  # P
         self.shard_size = math.ceil(self.numel / self.world_size)  # S; N * S >= P (padding at the end)
         self.start, self.end = shard_bounds(self.numel, self.world_size, self.rank)
-        with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1) for p in self.params])  # (P,)
-            # The only copy of the weights this rank's optimizer updates: (end - start,) elements.
-            self.shard = torch.nn.Parameter(flat[self.start: self.end].clone())
-        # AdamW's hyper-parameters are validated by torch itself.
-        self.optimizer = torch.optim.AdamW([self.shard], lr=lr, betas=betas, eps=eps,
-                                           weight_decay=weight_decay)
+        p0 = self.params[0]
+        # The weights of my range, (end - start,): the only copy this rank's optimizer updates.
+        self.shard = torch.zeros(self.end - self.start, dtype=p0.dtype, device=p0.device)
+        # pieces[k] = (parameter index, its slice [a, b) in the flat vector, the piece: a view of shard).
+        self.pieces: list[tuple[int, int, int, torch.nn.Parameter]] = []
+        for i in range(len(self.params)):
+            a, b = max(self.offsets[i], self.start), min(self.offsets[i + 1], self.end)
+            if a < b:
+                self.pieces.append((i, a, b, torch.nn.Parameter(self.shard[a - self.start: b - self.start])))
+        # AdamW's hyper-parameters are validated by torch itself; one state per piece, as per parameter.
+        self.optimizer = torch.optim.AdamW([piece for *_, piece in self.pieces] or [torch.nn.Parameter(
+            torch.zeros(0, dtype=p0.dtype, device=p0.device))], lr=lr, betas=betas, eps=eps,
+            weight_decay=weight_decay)
 
     @property
     def param_groups(self):
         return self.optimizer.param_groups
 
-    def _flat_padded(self, tensors) -> torch.Tensor:
-        """(N*S,) buffer: the tensors concatenated in parameter order, zeros where missing or padding."""
-        p0 = self.params[0]
-        buf = torch.zeros(self.world_size * self.shard_size, dtype=p0.dtype, device=p0.device)
-        offset = 0
-        for p, t in zip(self.params, tensors, strict=True):
-            if t is not None:
-                buf[offset: offset + p.numel()].copy_(t.reshape(-1))
-            offset += p.numel()
-        return buf
-
     @torch.no_grad()
     def step(self) -> None:
         n, s = self.world_size, self.shard_size
-        # 1. reduce-scatter: (N*S,) local grads -> (S,) summed grads of my shard; / N -> the mean.
-        flat_grad = self._flat_padded([p.grad for p in self.params])
+        p0 = self.params[0]
+        # 0. which parameters have a gradient on some rank (a frozen or unused one has none anywhere)
+        used = torch.tensor([p.grad is not None for p in self.params], dtype=torch.int32, device=p0.device)
+        dist.all_reduce(used, group=self.group)
+        # 1. reduce-scatter: (N*S,) local grads (zeros where None) -> (S,) summed grads of my range; / N.
+        flat_grad = torch.zeros(n * s, dtype=p0.dtype, device=p0.device)
+        for i, p in enumerate(self.params):
+            if p.grad is not None:
+                flat_grad[self.offsets[i]: self.offsets[i + 1]].copy_(p.grad.reshape(-1))
         flat_grad.div_(n)
-        grad_shard = torch.empty(s, dtype=flat_grad.dtype, device=flat_grad.device)
+        grad_shard = torch.empty(s, dtype=p0.dtype, device=p0.device)
         reduce_scatter_flat(grad_shard, flat_grad, group=self.group)
-        self.shard.grad = grad_shard[: self.end - self.start].clone()
-        # 2. AdamW on my shard only: exp_avg and exp_avg_sq are (end - start,) each.
+        # 2. AdamW on my pieces, from the parameters' current values (the parameters are the truth: every
+        #    rank holds the same ones); a piece of a parameter with no gradient anywhere is skipped.
+        for i, a, b, piece in self.pieces:
+            piece.copy_(self.params[i].detach().reshape(-1)[a - self.offsets[i]: b - self.offsets[i]])
+            piece.grad = grad_shard[a - self.start: b - self.start].clone() if used[i] else None
         self.optimizer.step()
-        # 3. all-gather the updated shards (S,) -> (N*S,), then unflatten into the parameters.
-        padded = torch.zeros(s, dtype=self.shard.dtype, device=self.shard.device)
+        for *_, piece in self.pieces:
+            piece.grad = None
+        # 3. all-gather the updated ranges (S,) -> (N*S,), then copy back the parameters that stepped.
+        padded = torch.zeros(s, dtype=p0.dtype, device=p0.device)
         padded[: self.end - self.start].copy_(self.shard)
-        flat = torch.empty(n * s, dtype=padded.dtype, device=padded.device)
+        flat = torch.empty(n * s, dtype=p0.dtype, device=p0.device)
         all_gather_flat(flat, padded, group=self.group)
-        offset = 0
-        for p in self.params:
-            p.copy_(flat[offset: offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for i, p in enumerate(self.params):
+            if used[i]:
+                p.copy_(flat[self.offsets[i]: self.offsets[i + 1]].view_as(p))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

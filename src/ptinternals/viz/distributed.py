@@ -117,7 +117,8 @@ def plot_ddp_timeline(timeline, title: str = "DDP: bucket all-reduces overlap ba
 def plot_fsdp_memory(memory_events, unsharded_bytes: int | None = None) -> Figure:
     """Live full-parameter bytes after each FSDP all-gather / reshard.
 
-    ``memory_events`` is ``FullyShardedDataParallel.memory_events``: (what happened, live bytes).
+    ``memory_events`` is ``fsdp2.MemoryLog.events`` (or FSDP1's ``FullyShardedDataParallel.memory_events``):
+    (what happened, live bytes).
     """
     if not isinstance(memory_events, (list, tuple)) or not memory_events:
         raise ValueError("memory_events must be a non-empty list of (what, live_bytes) tuples")

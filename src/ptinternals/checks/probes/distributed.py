@@ -12,6 +12,9 @@ import shutil
 import tempfile
 import types
 
+import torch
+from torch import nn
+
 from ptinternals.checks.probes.ranks import P2P_RECV, P2P_SEND, spawn
 
 
@@ -36,21 +39,63 @@ def plain_python(entry, *args, **kwargs):
 
 
 # ================================================================================================
-# Helpers for the bodies
+# Helpers for the bodies: the models the checks train, built the same way here and on the trusted side
 # ================================================================================================
-def build_mlp(widths, params):
-    """nn.Sequential(Linear, Tanh, ..., Linear) with the given parameter values (weights, biases in order)."""
-    import torch
-    from torch import nn
+class TiedPair(nn.Module):
+    """Two square layers sharing one weight: a parameter used twice inside one unit."""
 
-    layers = []
-    for a, b in zip(widths[:-1], widths[1:]):
-        layers += [nn.Linear(a, b), nn.Tanh()]
-    model = nn.Sequential(*layers[:-1])
-    with torch.no_grad():
-        for p, v in zip(model.parameters(), params):
-            p.copy_(v)
+    def __init__(self, width):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+class Maybe(nn.Module):
+    """A square layer that only some ranks use (``active``): its gradient is None on the others."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.inner = nn.Linear(width, width)
+        self.active = True
+
+    def forward(self, x):
+        return self.inner(x) if self.active else x
+
+
+def build_model(arch, state=None):
+    """The model ``arch`` describes, with ``state``'s values (a state dict) when given.
+
+    ``arch["layers"]``: ("linear", in, out), ("tanh",), ("pair", width) or ("maybe", width), the children of
+    an nn.Sequential. ``arch["tie"]``: [(name, source)] makes parameter ``name`` the same object as
+    ``source``; ``arch["unused"]``: children that get an extra parameter ``unused`` their forward never
+    reads; ``arch["noncontig"]``: parameters stored column-major; ``arch["frozen"]``: parameters with
+    requires_grad=False.
+    """
+    kinds = {"linear": lambda a, b: nn.Linear(a, b), "tanh": nn.Tanh, "pair": TiedPair, "maybe": Maybe}
+    model = nn.Sequential(*[kinds[kind](*args) for kind, *args in arch["layers"]])
+    for name, source in arch.get("tie", ()):
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(source))
+    for k in arch.get("unused", ()):
+        model[k].register_parameter("unused", nn.Parameter(torch.zeros(3)))
+    for name in arch.get("noncontig", ()):
+        owner, _, attr = name.rpartition(".")
+        p = model.get_parameter(name)
+        setattr(model.get_submodule(owner), attr, nn.Parameter(p.detach().t().contiguous().t()))
+    if state is not None:
+        model.load_state_dict(state)
+    for name in arch.get("frozen", ()):
+        model.get_parameter(name).requires_grad_(False)
     return model
+
+
+def set_active(model, rank: int, arch) -> None:
+    """``arch["rank0_only"]``: the ``maybe`` children only rank 0 uses."""
+    for k in arch.get("rank0_only", ()):
+        model[k].active = rank == 0
 
 
 def _shard(t, rank, world_size):
@@ -65,7 +110,48 @@ def _clone_all(ts):
 def _ready_hooks(model, trace):
     """The probe's own post-accumulate-grad hooks, registered before the student's: 'grad i is ready'."""
     for i, p in enumerate(model.parameters()):
-        p.register_post_accumulate_grad_hook(lambda param, i=i: trace.mark("ready", i))
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda param, i=i: trace.mark("ready", i))
+
+
+class _WatchedWork:
+    """An async collective's Work handle that remembers whether the code waited on it (or took its future)."""
+
+    def __init__(self, work, log: list):
+        self._work, self.waited = work, False
+        log.append(self)
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        return self._work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self.waited = True  # code that chains on the future synchronises through it
+        return self._work.get_future()
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _watch_async_all_reduce(entry, log: list) -> None:
+    """In this rank, ``dist.all_reduce(..., async_op=True)`` returns a handle that records ``wait()``."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from ptinternals.checks.probes.ranks import _student_namespaces
+
+    traced = dist.all_reduce
+
+    def all_reduce(*args, **kwargs):
+        work = traced(*args, **kwargs)
+        return _WatchedWork(work, log) if kwargs.get("async_op") and work is not None else work
+
+    all_reduce.__ptinternals_original__ = getattr(traced, "__ptinternals_original__", traced)
+    dist.all_reduce = c10d.all_reduce = all_reduce
+    for ns in _student_namespaces(entry):
+        for key, value in list(ns.items()):
+            if value is traced:
+                ns[key] = all_reduce
 
 
 def _overlap(trace, since: int) -> dict:
@@ -110,18 +196,28 @@ def ring_all_reduce(entry, world_size, tests):
 # ================================================================================================
 # Exercises distributed.naive_ddp and distributed.bucketed_ddp: DDP (per-parameter hooks, then buckets)
 # ================================================================================================
+def _start_model(spec, rank: int, perturb: float = 0.0):
+    model = build_model(spec["arch"], spec["state"])
+    if perturb:
+        with torch.no_grad():
+            for p in model.parameters():  # replicas start different (a tied parameter once)
+                p.add_(perturb * rank)
+    set_active(model, rank, spec["arch"])
+    return model
+
+
 def ddp_steps(entry, world_size, spec):
     """Wrap a model whose replicas start different, run ``spec['steps']`` SGD steps on each rank's
-    shard of the batch; report the weights after wrapping, every step's grads, the final weights, and
-    where the all-reduces happened relative to backward."""
+    shard of the batch; report the weights after wrapping, the grads when each ``loss.backward()``
+    returned (nobody calls a "finish" method: DDP must be done by then), the final weights, and where
+    the all-reduces happened relative to backward, and whether each was waited on before it returned."""
     kwargs = dict(spec.get("kwargs", {}))
 
     def body(rank, n, cls, trace):
-        import torch
-
-        params = [p + spec["perturb"] * rank for p in spec["init"]]  # replicas start different
-        model = build_mlp(spec["widths"], params)
+        model = _start_model(spec, rank, spec["perturb"])
         _ready_hooks(model, trace)
+        works: list = []
+        _watch_async_all_reduce(cls, works)
         ddp = cls(model, **kwargs)
         after_wrap = _clone_all(model.parameters())
         opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
@@ -129,13 +225,12 @@ def ddp_steps(entry, world_size, spec):
         grads, overlaps = [], []
         for _ in range(spec["steps"]):
             opt.zero_grad(set_to_none=True)
-            since = len(trace.events)
+            since, launched = len(trace.events), len(works)
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             loss.backward()
             trace.mark("backward_returned")
-            ddp.finish_gradient_synchronization()
-            overlaps.append(_overlap(trace, since))
             grads.append(_clone_all(p.grad for p in model.parameters()))
+            overlaps.append(_overlap(trace, since) | {"unwaited": sum(not w.waited for w in works[launched:])})
             opt.step()
         return {"after_wrap": after_wrap, "grads": grads, "final": _clone_all(model.parameters()),
                 "overlap": overlaps}
@@ -148,14 +243,14 @@ def ddp_steps(entry, world_size, spec):
 # ================================================================================================
 def no_sync_steps(entry, world_size, spec):
     """``spec['micro']`` micro-batches per step, all but the last inside ``ddp.no_sync()``; then one
-    optimizer step; twice. Reports the grads after each backward and the collectives issued."""
+    optimizer step; twice. Reports the grads when each backward returned and the collectives issued."""
     kwargs = dict(spec.get("kwargs", {}))
 
     def body(rank, n, cls, trace):
-        import torch
-
-        model = build_mlp(spec["widths"], spec["init"])
+        model = _start_model(spec, rank)
         _ready_hooks(model, trace)
+        works: list = []
+        _watch_async_all_reduce(cls, works)
         ddp = cls(model, **kwargs)
         opt = torch.optim.SGD(model.parameters(), lr=spec["lr"])
         x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
@@ -170,16 +265,15 @@ def no_sync_steps(entry, world_size, spec):
                 with ddp.no_sync():
                     loss = torch.nn.functional.mse_loss(ddp(xs[k]), ys[k]) / m
                     loss.backward()
-                    ddp.finish_gradient_synchronization()
                 record["calls_in_no_sync"] += trace.calls(since)
                 record["local_grads"].append(_clone_all(p.grad for p in model.parameters()))
-            since = len(trace.events)
+            since, launched = len(trace.events), len(works)
             loss = torch.nn.functional.mse_loss(ddp(xs[-1]), ys[-1]) / m
             loss.backward()
             trace.mark("backward_returned")
-            ddp.finish_gradient_synchronization()
-            record["synced_calls"] = trace.calls(since)
             record["synced_grads"] = _clone_all(p.grad for p in model.parameters())
+            record["synced_calls"] = trace.calls(since)
+            record["unwaited"] = sum(not w.waited for w in works[launched:])
             opt.step()
             rounds.append(record)
         return {"rounds": rounds, "final": _clone_all(model.parameters())}
@@ -190,21 +284,22 @@ def no_sync_steps(entry, world_size, spec):
 # ================================================================================================
 # Exercise distributed.sharded_adamw: ZeRO-1
 # ================================================================================================
-def _state_bytes(obj, exclude: set) -> int:
+def _state_bytes(obj, exclude: set) -> tuple[int, str]:
     """Bytes of the tensors reachable from ``obj`` (its attributes, containers, inner optimizers),
     each storage counted once, leaving out the model's parameters and gradients (``exclude``) and the
-    ``.grad`` of the tensors found (gradients are not optimizer state)."""
-    import torch
-    from torch import nn
-
+    ``.grad`` of the tensors found (gradients are not optimizer state); and the name of a torch.distributed
+    optimizer found on the way ("" when none: the exercise is to write one)."""
     seen_objs: set[int] = set()
     storages: dict[int, int] = {}
+    found = ""
     stack = [(obj, 0)]
     while stack:
         o, depth = stack.pop()
         if id(o) in seen_objs or depth > 12:
             continue
         seen_objs.add(id(o))
+        if type(o).__module__.startswith("torch.distributed.optim"):
+            found = found or f"torch's {type(o).__name__}"
         if isinstance(o, torch.Tensor):
             if o.device.type == "meta":
                 continue
@@ -222,19 +317,17 @@ def _state_bytes(obj, exclude: set) -> int:
         elif hasattr(o, "__dict__") and not isinstance(o, type) and type(o).__module__.split(".")[0] != "torch" \
                 or isinstance(o, torch.optim.Optimizer):
             stack += [(v, depth + 1) for v in list(vars(o).values())]
-    return sum(storages.values())
+    return sum(storages.values()), found
 
 
 def zero_steps(entry, world_size, spec):
     """Train the same model on every rank with the student's sharded optimizer (each rank has its own
     shard of the batch, and plain local gradients); report the weights and the optimizer's bytes."""
     def body(rank, n, cls, trace):
-        import torch
-
-        model = build_mlp(spec["widths"], spec["init"])
+        model = _start_model(spec, rank)
         opt = cls(model.parameters(), **spec["hyper"])
         x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
-        weights, state = [], []
+        weights, state, found = [], [], ""
         for _ in range(spec["steps"]):
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
@@ -242,37 +335,61 @@ def zero_steps(entry, world_size, spec):
             weights.append(_clone_all(model.parameters()))
             exclude = {p.untyped_storage().data_ptr() for p in model.parameters()}
             exclude |= {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
-            state.append(_state_bytes(opt, exclude))
-        return {"weights": weights, "state_bytes": state}
+            nbytes, found = _state_bytes(opt, exclude)
+            state.append(nbytes)
+        return {"weights": weights, "state_bytes": state, "torch_zero": found}
 
     return spawn(body, world_size, entry, what=getattr(entry, "__name__", "sharded optimizer"))
 
 
 # ================================================================================================
-# Exercise distributed.fully_sharded: FSDP
+# Exercise distributed.fully_sharded: FSDP2's design
 # ================================================================================================
+def _torch_fsdp(model) -> str:
+    """What in ``model`` comes from torch.distributed.fsdp or DTensor ("" when nothing does)."""
+    for m in model.modules():
+        if type(m).__module__.startswith("torch.distributed"):
+            return f"a {type(m).__name__} module"
+    for p in model.parameters():
+        if type(p).__module__.startswith("torch.distributed") or type(p).__name__ in ("DTensor", "FlatParameter"):
+            return f"a {type(p).__name__} parameter"
+    return ""
+
+
 def fsdp_steps(entry, world_size, spec):
-    """Wrap an nn.Sequential in the student's fully sharded wrapper, train ``steps`` SGD steps;
-    report losses, the outputs on a fixed input after training, the parameter elements each rank
-    holds, and the peak bytes of gathered (all-gather output) buffers alive at once."""
+    """Wrap an nn.Sequential in the student's FSDP2-shaped wrapper and train ``steps`` SGD steps on
+    ``model.parameters()``; report the model's named shards right after wrapping and at the end, losses,
+    the outputs on a fixed input, and the peak bytes of gathered (all-gather output) buffers alive at once.
+    A wrapper that refuses the model (at construction or first forward) reports why instead."""
     def body(rank, n, cls, trace):
-        import torch
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        model = build_mlp(spec["widths"], spec["init"])
-        fsdp = cls(model)
-        held = sum(p.numel() for p in fsdp.parameters())
+        model = _start_model(spec, rank)
+        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        try:
+            fsdp = cls(model)
+        except (ValueError, TypeError, RuntimeError, NotImplementedError) as e:
+            if isinstance(e, NotImplementedError) and not str(e):
+                raise
+            return {"refused": f"{type(e).__name__}: {e}"}
+        named = list(model.named_parameters())
+        shards = _clone_all(p for _, p in named)
         handles = [register_module_forward_pre_hook(lambda *a: trace.sample()),
                    register_module_forward_hook(lambda *a: trace.sample())]
-        for p in fsdp.parameters():
-            p.register_post_accumulate_grad_hook(lambda p: trace.sample())
-        opt = torch.optim.SGD(fsdp.parameters(), lr=spec["lr"], momentum=0.5)
-        x, y = _shard(spec["x"], rank, n), _shard(spec["y"], rank, n)
+        for _, p in named:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda p: trace.sample())
+        opt = torch.optim.SGD(model.parameters(), lr=spec["lr"], momentum=0.5)
         losses = []
         try:
-            for _ in range(spec["steps"]):
+            for step in range(spec["steps"]):
                 opt.zero_grad(set_to_none=True)
-                loss = torch.nn.functional.mse_loss(fsdp(x), y)
+                try:
+                    loss = torch.nn.functional.mse_loss(fsdp(x), y)
+                except (ValueError, RuntimeError) as e:  # torch refuses shared parameters at the first forward
+                    if step:
+                        raise
+                    return {"refused": f"{type(e).__name__}: {e} (at the first forward)"}
                 loss.backward()
                 trace.sample()
                 opt.step()
@@ -283,9 +400,12 @@ def fsdp_steps(entry, world_size, spec):
             for h in handles:
                 h.remove()
         trace.sample()
-        return {"losses": losses, "out": out.detach().clone(), "held": held,
-                "peak_gathered": trace.peak_gathered, "gathers": trace.calls().count("all_gather")
-                + trace.calls().count("all_gather_into_tensor") + trace.calls().count("all_gather_single")}
+        calls = trace.calls()
+        return {"names": [name for name, _ in named], "shards": shards, "torch_fsdp": _torch_fsdp(model),
+                "requires_grad": [p.requires_grad for _, p in named], "losses": losses,
+                "out": out.detach().clone(), "final": _clone_all(model.parameters()),
+                "peak_gathered": trace.peak_gathered,
+                "gathers": sum(calls.count(c) for c in ("all_gather", "all_gather_into_tensor", "all_gather_single"))}
 
     return spawn(body, world_size, entry, what=getattr(entry, "__name__", "FSDP"))
 
