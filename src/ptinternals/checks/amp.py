@@ -389,7 +389,7 @@ class Decompose(Exercise):
                 v = math.fmod(v, 464.0) if math.isfinite(v) else 440.0
             return Case((v, fmt))
 
-        cases = [Case((v, f)) for f in FORMATS for v in _decompose_edges(f)]
+        cases = [Case((v, f)) for f in FORMATS for v in _decompose_edges(f) + [0.0]]
         cases += draw(st.builds(narrow_case, st.sampled_from(narrow), _float32_values()), 50)
         cases += draw(st.sampled_from(list(FORMATS)).flatmap(lambda f: _ties(f).map(lambda v: narrow_case(f, v))), 40)
         cases += [Case((v if v != 0 else 0.0, "fp32")) for v in draw(st.floats(allow_nan=False, allow_subnormal=True), 20)]
@@ -418,6 +418,8 @@ class Decompose(Exercise):
             and math.frexp(c.args[0])[1] - 1 == (1 << FORMATS[c.args[1]][0]) - 1 - _bias(c.args[1]),
         "inf": lambda c, e: c.args[0] == math.inf,
         "-inf": lambda c, e: c.args[0] == -math.inf,
+        **{f"{fmt}: zero (no -0: the grading boundary carries it as 0.0)":
+           (lambda f: lambda c, e: c.args[1] == f and c.args[0] == 0)(fmt) for fmt in FORMATS},
         "NaN": lambda c, e: math.isnan(c.args[0]),
         "a negative value": lambda c, e: c.args[0] < 0,
         "fp32 from a double that float32 cannot hold": lambda c, e: c.args[1] == "fp32" and math.isfinite(c.args[0])
