@@ -114,6 +114,7 @@ FORMATS = {"fp32": (8, 23), "bf16": (8, 7), "fp16": (5, 10), "fp8_e5m2": (5, 2),
 def decode(bits, fmt):
     """The value of the bit pattern `bits` (an int) in format `fmt`, e.g. decode(0x3C00, "fp16") == 1.0."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.amp.formats.decode
     e_bits, m_bits = FORMATS[fmt]
     bias = (1 << (e_bits - 1)) - 1
     sign = -1.0 if bits >> (e_bits + m_bits) else 1.0
@@ -178,6 +179,7 @@ import math
 def decompose(value, fmt):
     """(sign, exponent field, mantissa field) of `value` rounded to nearest-even in `fmt`."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.amp.formats.decompose_fields
     e_bits, m_bits = FORMATS[fmt]
     bias = (1 << (e_bits - 1)) - 1
     all_ones = (1 << e_bits) - 1
@@ -254,8 +256,8 @@ print([hex(b & 0xFFFF) for b in x.bfloat16().view(torch.int16).tolist()])
 # tensor of the same shape holding the bf16 bit patterns, so that `out.view(torch.bfloat16)` equals
 # `x.to(torch.bfloat16)` bit for bit (any NaN for a NaN). Use torch integer operations on the bit
 # patterns: the checker rejects code that makes a bf16 or fp16 tensor, or goes through numpy or
-# struct. (An int64 value from 0 to 0xFFFF becomes the right int16 pattern with `.to(torch.int16)`:
-# the conversion wraps.)
+# struct. Leave `x` as it was: the checker reads it again after your call. (An int64 value from 0 to
+# 0xFFFF becomes the right int16 pattern with `.to(torch.int16)`: the conversion wraps.)
 
 # %% [answer fp32_to_bf16_bits]
 import torch
@@ -264,13 +266,14 @@ import torch
 def fp32_to_bf16_bits(x):
     """bf16 bit patterns (int16, same shape) of float32 `x`, rounded to nearest even."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.amp.rounding.fp32_to_bf16_bits
     u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # 0 .. 2**32 - 1
     sign = (u >> 16) & 0x8000
     mag = u & 0x7FFFFFFF
     q, rem = mag >> 16, mag & 0xFFFF
     rounded = q + ((rem > 0x8000) | ((rem == 0x8000) & ((q & 1) == 1))).to(torch.int64)
     is_nan = mag > 0x7F800000
-    out = sign | torch.where(is_nan, 0x7FC0 | q, rounded)  # a quiet NaN keeps the top payload bits
+    out = sign | torch.where(is_nan, 0x7FC0, rounded)  # a quiet NaN (torch's NaN bits vary: any NaN will do)
     return out.to(torch.int16)
     ### END SOLUTION
 
@@ -302,8 +305,9 @@ check("amp.fp32_to_bf16_bits", fp32_to_bf16_bits, hidden=True)
 #
 # Write `fp32_to_fp16_bits(x)`, the fp16 twin of {{exercise fp32_to_bf16_bits}}: an int16 tensor with
 # `out.view(torch.float16)` equal to `x.to(torch.float16)`, bit for bit (any NaN for a NaN), for any
-# shape and layout. Integer operations only. You may write a helper `round_shift(v, shift)` (v shifted
-# right by `shift` bits, rounded to nearest even; `shift` may be a tensor) and use it for both ranges.
+# shape and layout, leaving `x` unchanged. Integer operations only. You may write a helper
+# `round_shift(v, shift)` (v shifted right by `shift` bits, rounded to nearest even; `shift` may be a
+# tensor) and use it for both ranges.
 
 # %% [answer fp32_to_fp16_bits]
 import torch
@@ -312,6 +316,7 @@ import torch
 def fp32_to_fp16_bits(x):
     """fp16 bit patterns (int16, same shape) of float32 `x`, rounded to nearest even."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.amp.rounding.fp32_to_fp16_bits
     def round_shift(v, shift):  # v / 2**shift, to nearest, ties to even (v >= 0, shift >= 1)
         q = v >> shift
         rem = v & ((1 << shift) - 1)
@@ -322,12 +327,12 @@ def fp32_to_fp16_bits(x):
     sign = (u >> 16) & 0x8000
     mag = u & 0x7FFFFFFF
     exp32, mant32 = mag >> 23, mag & 0x7FFFFF
-    normal = torch.clamp(round_shift(mag, 13) - (112 << 10), max=0x7C00)  # re-bias; a carry may reach inf
+    # re-bias; a carry may reach inf, and so do overflow and inf itself (exponent 255 lands far past 0x7C00)
+    normal = torch.clamp(round_shift(mag, 13) - (112 << 10), max=0x7C00)
     shift = torch.clamp(126 - exp32, min=1, max=31)
     subnormal = round_shift(mant32 | (1 << 23), shift)  # units of 2**-24
     out = torch.where(exp32 >= 113, normal, torch.where(exp32 >= 1, subnormal, torch.zeros_like(u)))
-    out = torch.where(mag == 0x7F800000, 0x7C00, out)  # inf
-    out = torch.where(mag > 0x7F800000, 0x7E00 | (mant32 >> 13), out)  # quiet NaN
+    out = torch.where(mag > 0x7F800000, 0x7E00, out)  # a quiet NaN (any NaN will do)
     return (sign | out).to(torch.int16)
     ### END SOLUTION
 
@@ -443,6 +448,7 @@ for cache in (True, False):
 def predict_dtypes(layers, device_type, autocast_dtype, input_dtype="float32"):
     """The output dtype name of each layer under torch.autocast(device_type, autocast_dtype)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.amp.layer_dtypes.predict_dtypes
     lower = {"linear", "matmul"}
     fp32_everywhere = {"mse_loss", "cross_entropy"}
     fp32_on_cuda = {"layer_norm", "softmax", "log_softmax", "exp", "pow", "sum"}
@@ -524,12 +530,15 @@ for name, r in runs.items():
 # Write `update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)`
 # returning `(new_scale, new_growth_tracker)`, the rule of `torch._amp_update_scale_` on Python
 # numbers. The scale is stored as float32: if `scale * growth_factor` is larger than float32's largest
-# value (3.4028234663852886e38), keep the old scale. Plain Python.
+# value (3.4028234663852886e38), keep the old scale. The kernel grows when the count of good steps
+# *reaches* `growth_interval` (`==`): a `growth_tracker` already at or past it (a checkpoint restored
+# with a smaller interval) just keeps counting. Plain Python.
 
 # %% [answer update_scale]
 def update_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
     """One GradScaler.update(): back off after an inf/NaN, grow after growth_interval good steps in a row."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.amp.scaler_kernels.update_scale
     if found_inf:
         return scale * backoff_factor, 0
     growth_tracker += 1  # this step was good
@@ -553,8 +562,9 @@ check("amp.update_scale", update_scale, hidden=True)
 # growth_interval=2000)` with the methods of torch's that a training loop uses:
 #
 # * `scale(loss)`: `loss * S`;
-# * `unscale_(optimizer)`: multiply every `p.grad` of `optimizer.param_groups` by `1/S` in place and
-#   record whether any of them held an inf or NaN; calling it twice before `update()` raises
+# * `unscale_(optimizer)`: multiply every `p.grad` of `optimizer.param_groups` by `1/S` in place
+#   (skipping parameters whose `.grad` is None) and record whether any of them held an inf or NaN;
+#   calling it twice before `update()` raises
 #   `RuntimeError`;
 # * `step(optimizer)`: unscale (unless `unscale_` already ran this iteration), then call
 #   `optimizer.step()` only if no inf/NaN was found;
@@ -577,6 +587,7 @@ class GradScaler:
 
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
         ### BEGIN SOLUTION
+        # twin: ptinternals.amp.grad_scaler.CPUGradScaler
         self._scale = float(init_scale)
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval = growth_interval
@@ -698,8 +709,9 @@ print("bf16: 1.0 + 1e-3 =", (wt + 1e-3).item(), "| fp32: 1.0 + 1e-3 =", (torch.t
 # loss_weight=1.0)` that trains the chapter's MLP (`mlp_forward(params, x)`; it, `torch` and `F` come
 # from the setup cell):
 #
-# * `params`: dict of fp32 master weights (`w1`, `b1`, `w2`, `b2`) that require grad; `optimizer`
-#   already owns them (Adam or SGD);
+# * `params`: dict of fp32 master weights (`w1`, `b1`, `w2`, `b2`); `optimizer` already owns them
+#   (Adam or SGD). Some may be frozen (`requires_grad=False`, as when fine-tuning part of a model): like
+#   autocast with `AdamW(model.parameters())`, a frozen weight gets no gradient and never moves;
 # * `data`: a list of `(x, y)` fp32 batches; micro-batch `k` of step `s` is
 #   `data[(s * accum + k) % len(data)]`;
 # * forward in `dtype` (float32, bfloat16 or float16) on fresh low-precision copies of the weights and
@@ -716,6 +728,7 @@ print("bf16: 1.0 + 1e-3 =", (wt + 1e-3).item(), "| fp32: 1.0 + 1e-3 =", (torch.t
 def amp_train(params, optimizer, data, steps, dtype, scaler=None, clip=None, accum=1, loss_weight=1.0):
     """Train with fp32 master weights and `dtype` compute; returns (losses, skipped_steps)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.amp.trainer.amp_train
     masters = list(params.values())
     losses, skipped = [], []
     for step in range(steps):
@@ -724,8 +737,8 @@ def amp_train(params, optimizer, data, steps, dtype, scaler=None, clip=None, acc
         total = 0.0
         for k in range(accum):
             x, y = data[(step * accum + k) % len(data)]
-            # the weight cast: fresh low-precision leaves, 2 B/param for bf16/fp16
-            compute = {n: p.detach().to(dtype).requires_grad_(True) for n, p in params.items()}
+            # the weight cast: fresh low-precision leaves, 2 B/param for bf16/fp16 (a frozen one needs no grad)
+            compute = {n: p.detach().to(dtype).requires_grad_(p.requires_grad) for n, p in params.items()}
             pred = mlp_forward(compute, x.to(dtype))  # (B, d_out) in dtype
             loss = F.mse_loss(pred.float(), y) * loss_weight  # fp32 loss, like autocast
             total += loss.item()
@@ -733,8 +746,9 @@ def amp_train(params, optimizer, data, steps, dtype, scaler=None, clip=None, acc
             (scaler.scale(micro) if scaler is not None else micro).backward()
             with torch.no_grad():  # low-precision grads -> fp32, accumulated in the masters
                 for n, p in params.items():
-                    g = compute[n].grad.float()
-                    p.grad = g if p.grad is None else p.grad + g
+                    if compute[n].grad is not None:
+                        g = compute[n].grad.float()
+                        p.grad = g if p.grad is None else p.grad + g
         losses.append(total / accum)
         if scaler is not None:
             scaler.unscale_(optimizer)  # true gradients from here on

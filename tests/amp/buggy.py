@@ -1,425 +1,201 @@
 """Known-buggy implementations of the amp chapter's exercises: each one must be rejected by its checker.
 
-Each bug is a mistake students really make (the issue names four: round-half-up instead of
-half-to-even, a scaler that steps on inf, unscaling twice, clipping before unscale); the test also
-checks that the failure message names the likely cause where the checker has one (``expect`` words).
+Each bug is a mistake students really make (the issue named four: round-half-up instead of
+half-to-even, a scaler that steps on inf, unscaling twice, clipping before unscale), written as the
+solution plus one edit (``edited(exercise_id, (old, new))``: the bug is the edit a reader sees; two small
+edits where one mistake needs them, said in a comment). Its second element is the hint the failure must
+give: words of its "likely cause" line, or None when no likely cause may appear (the checker cannot tell
+this mistake from its symptom, or the failure is about how the answer is written, which its message says).
 
-Every source is a complete replacement for the answer cell that defines the exercise's entry point;
-like the answer cells, the trainers use ``torch``, ``F`` and ``mlp_forward`` from the setup cell.
-``amp.amp_speed`` grades ``amp_train`` itself, so its bugs replace the cell of Exercise amp.amp_train
-(``ANSWER_CELL`` below says so for the end-to-end tests).
+``amp.amp_speed`` grades ``amp_train`` itself, so its bugs are edits of the cell of amp.amp_train
+(``ANSWER_CELL`` says so for the end-to-end tests, the twin test and the mutation runner).
 """
+from ptinternals.grading.testing import edited
 
+TESTS_OF_TESTS = {"hints", "twins", "boundaries"}
 ANSWER_CELL = {"amp.amp_speed": "amp_train_code"}
 
-_FORMATS = ('import math\n'
-            'FORMATS = {"fp32": (8, 23), "bf16": (8, 7), "fp16": (5, 10), "fp8_e5m2": (5, 2), "fp8_e4m3fn": (4, 3)}\n')
 
-_DECODE = _FORMATS + """
-import math
-
-def decode(bits, fmt):
-    e_bits, m_bits = FORMATS[fmt]
-    bias = (1 << (e_bits - 1)) - 1
-    sign = -1.0 if bits >> (e_bits + m_bits) else 1.0
-    exponent = (bits >> m_bits) & ((1 << e_bits) - 1)
-    mantissa = bits & ((1 << m_bits) - 1)
-    all_ones = (1 << e_bits) - 1
-    if NAN_RULE:
-        return math.nan
-    if INF_RULE:
-        return sign * math.inf if mantissa == 0 else math.nan
-    if exponent == 0:
-        return sign * SUBNORMAL
-    return sign * math.ldexp((1 << m_bits) | mantissa, exponent - BIAS - m_bits)
-"""
-_E4M3_NAN = 'fmt == "fp8_e4m3fn" and exponent == all_ones and mantissa == (1 << m_bits) - 1'
-_IEEE_INF = 'fmt != "fp8_e4m3fn" and exponent == all_ones'
+def _decode(*edits):
+    return edited("amp.decode", *edits)
 
 
-def _decode(nan=_E4M3_NAN, inf=_IEEE_INF, subnormal="math.ldexp(mantissa, 1 - bias - m_bits)", bias="bias"):
-    return (_DECODE.replace("NAN_RULE", nan).replace("INF_RULE", inf).replace("SUBNORMAL", subnormal)
-            .replace("BIAS", bias))
+def _decompose(*edits):
+    return edited("amp.decompose", *edits)
 
 
-_DECOMPOSE = _FORMATS + """
-import math
-
-def decompose(value, fmt):
-    e_bits, m_bits = FORMATS[fmt]
-    bias = (1 << (e_bits - 1)) - 1
-    all_ones = (1 << e_bits) - 1
-    has_inf = fmt != "fp8_e4m3fn"
-    sign = 1 if math.copysign(1.0, value) < 0 else 0
-    if math.isnan(value):
-        return sign, all_ones, (1 << m_bits) - 1
-    if math.isinf(value):
-        return sign, all_ones, 0
-    a = abs(value)
-    if a == 0.0:
-        return sign, 0, 0
-    m, e = math.frexp(a)
-    big_m, big_e = int(m * 2**53), e - 53
-    emin = 1 - bias
-    if FLUSH and e - 1 < emin:
-        return sign, 0, 0
-    exp = max(e - 1, emin)
-    shift = exp - m_bits - big_e
-    q, rem = big_m >> shift, big_m & ((1 << shift) - 1)
-    half = 1 << (shift - 1)
-    if ROUND_UP:
-        q += 1
-    if q >= (1 << m_bits):
-        exponent, mantissa = exp + bias, q - (1 << m_bits)
-        if mantissa == (1 << m_bits):
-            exponent, mantissa = exponent + 1, 0
-    else:
-        exponent, mantissa = 0, q
-    max_exp = all_ones - 1 if has_inf else all_ones
-    if exponent > max_exp:
-        return OVERFLOW
-    return sign, exponent, mantissa
-"""
+def _bf16(*edits):
+    return edited("amp.fp32_to_bf16_bits", *edits)
 
 
-def _decompose(round_up="rem > half or (rem == half and q & 1)", flush="False", overflow="sign, all_ones, 0"):
-    return _DECOMPOSE.replace("ROUND_UP", round_up).replace("FLUSH", flush).replace("OVERFLOW", overflow)
+def _fp16(*edits):
+    return edited("amp.fp32_to_fp16_bits", *edits)
 
 
-_RSE = """
-import torch
-
-def _round_shift_right_even(v, shift):
-    q = v >> shift
-    rem = v & ((1 << shift) - 1)
-    half = 1 << (shift - 1)
-    return q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(torch.int64)
-"""
-
-_FP16 = _RSE + """
-def fp32_to_fp16_bits(x):
-    u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    sign = (u >> 16) & 0x8000
-    mag = u & 0x7FFFFFFF
-    exp32 = mag >> 23
-    mant32 = mag & 0x7FFFFF
-    normal = torch.clamp(ROUND(mag, 13) - (112 << 10), max=MAXBITS)
-    shift = torch.clamp(126 - exp32, min=1, max=31)
-    subnormal = ROUND(mant32 | (1 << 23), shift)
-    out = torch.where(exp32 >= 113, normal, torch.where(exp32 >= SUBMIN, subnormal, torch.zeros_like(u)))
-    out = torch.where(mag == 0x7F800000, 0x7C00, out)
-    out = torch.where(mag > 0x7F800000, NAN, out)
-    return (sign | out).to(torch.int16)
-"""
+def _predict(*edits):
+    return edited("amp.predict_dtypes", *edits)
 
 
-def _fp16(round_fn="_round_shift_right_even", maxbits="0x7C00", submin="1", nan="0x7E00 | (mant32 >> 13)"):
-    return _FP16.replace("ROUND", round_fn).replace("MAXBITS", maxbits).replace("SUBMIN", submin).replace("NAN", nan)
+def _update(*edits):
+    return edited("amp.update_scale", *edits)
 
 
-_HALF_UP = """
-def _half_up(v, shift):
-    return (v + (1 << (shift - 1))) >> shift
-"""
-
-_PREDICT = """
-def predict_dtypes(layers, device_type, autocast_dtype, input_dtype="float32"):
-    out, current = [], input_dtype
-    for op in layers:
-        if op in ("linear", "matmul"):
-            current = autocast_dtype
-        elif LOSS_RULE:
-            current = "float32"
-        elif FP32_RULE:
-            current = "float32"
-        elif ADD_RULE:
-            current = "float32"
-        out.append(current)
-    return out
-"""
+def _scaler(*edits):
+    return edited("amp.grad_scaler", *edits)
 
 
-def _predict(loss='op in ("mse_loss", "cross_entropy")',
-             fp32='device_type == "cuda" and op in ("layer_norm", "softmax", "log_softmax", "exp", "pow", "sum")',
-             add='op == "add_fp32"'):
-    return _PREDICT.replace("LOSS_RULE", loss).replace("FP32_RULE", fp32).replace("ADD_RULE", add)
+def _train(*edits):
+    return edited("amp.amp_train", *edits)
 
 
-_UPDATE = """
-FLT_MAX = 3.4028234663852886e38
-
-def update_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    if found_inf:
-        return scale * backoff_factor, TRACKER_ON_INF
-    COUNT
-    if GROW_WHEN:
-        grown = scale * growth_factor
-        return (grown if GROW_OK else scale), TRACKER_ON_GROWTH
-    return scale, growth_tracker
-"""
-
-
-def _update(on_inf="0", count="growth_tracker += 1", grow_when="growth_tracker == growth_interval",
-            grow_ok="grown <= FLT_MAX", on_growth="0"):
-    return (_UPDATE.replace("TRACKER_ON_INF", on_inf).replace("COUNT", count).replace("GROW_WHEN", grow_when)
-            .replace("GROW_OK", grow_ok).replace("TRACKER_ON_GROWTH", on_growth))
-
-
-_SCALER = """
-import torch
-
-FLT_MAX = 3.4028234663852886e38
-
-class GradScaler:
-    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-        self.s = float(init_scale)
-        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
-        self.tracker = 0
-        self.stage, self.found = {}, {}
-
-    def scale(self, loss):
-        return loss * self.s
-
-    def unscale_(self, optimizer):
-        key = id(optimizer)
-        if TWICE_CHECK and self.stage.get(key) == "unscaled":
-            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
-        found = False
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    if not torch.isfinite(p.grad).all():
-                        found = True
-                    p.grad.mul_(INV_SCALE)
-        self.found[key] = FOUND
-        self.stage[key] = "unscaled"
-
-    def step(self, optimizer):
-        key = id(optimizer)
-        if ALWAYS_UNSCALE or self.stage.get(key) != "unscaled":
-            self.unscale_(optimizer)
-        self.stage[key] = "stepped"
-        if STEP_RULE:
-            return optimizer.step()
-
-    def update(self):
-        found = any(self.found.values())
-        if found:
-            self.s, self.tracker = self.s * BACKOFF, 0
-        else:
-            self.tracker += 1
-            if self.tracker == self.growth_interval:
-                grown = self.s * self.growth_factor
-                self.s, self.tracker = (grown if grown <= FLT_MAX else self.s), 0
-        self.stage = {}
-        RESET_FOUND
-
-    def get_scale(self):
-        return self.s
-"""
-
-
-def _scaler(twice_check="True", inv_scale="1.0 / self.s", found="found", always_unscale="False",
-            step_rule="not self.found[key]", backoff="self.backoff_factor", reset_found="self.found = {}"):
-    return (_SCALER.replace("RESET_FOUND", reset_found).replace("TWICE_CHECK", twice_check)
-            .replace("INV_SCALE", inv_scale).replace("FOUND", found).replace("ALWAYS_UNSCALE", always_unscale)
-            .replace("STEP_RULE", step_rule).replace("BACKOFF", backoff))
-
-
-_TRAIN = """
-def amp_train(params, optimizer, data, steps, dtype, scaler=None, clip=None, accum=1, loss_weight=1.0):
-    masters = list(params.values())
-    losses, skipped = [], []
-    for step in range(steps):
-        for p in masters:
-            p.grad = None
-        total = 0.0
-        for k in range(accum):
-            x, y = data[(step * accum + k) % len(data)]
-            compute = {n: p.detach().to(CAST).requires_grad_(True) for n, p in params.items()}
-            FORWARD
-            total += loss.item()
-            micro = MICRO
-            (scaler.scale(micro) if scaler is not None else micro).backward()
-            with torch.no_grad():
-                for n, p in params.items():
-                    g = compute[n].grad.float()
-                    p.grad = g if p.grad is None else p.grad + g
-            PER_MICRO
-        losses.append(total / accum)
-        FINISH
-    return losses, skipped
-"""
-_FORWARD = "pred = mlp_forward(compute, x.to(CAST))\n            loss = F.mse_loss(pred.float(), y) * loss_weight"
-_FINISH = """if scaler is not None:
-            scaler.unscale_(optimizer)
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(masters, clip)
-        if scaler is None:
-            optimizer.step()
-        else:
-            before = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
-            if scaler.get_scale() SKIP_TEST before:
-                skipped.append(step)"""
-
-
-def _train(forward=_FORWARD, micro="loss / accum", per_micro="pass", finish=_FINISH, cast="dtype", skip_test="<"):
-    return (_TRAIN.replace("FORWARD", forward).replace("PER_MICRO", per_micro).replace("MICRO", micro)
-            .replace("FINISH", finish).replace("SKIP_TEST", skip_test).replace("CAST", cast))
-
-
-_CLIP_FIRST = """if clip is not None:
-            torch.nn.utils.clip_grad_norm_(masters, clip)
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        if scaler is None:
-            optimizer.step()
-        else:
-            before = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
-            if scaler.get_scale() < before:
-                skipped.append(step)"""
-
-_STEP_EACH_MICRO = """if scaler is not None:
-                scaler.unscale_(optimizer)
-            if clip is not None:
-                torch.nn.utils.clip_grad_norm_(masters, clip)
-            if scaler is None:
-                optimizer.step()
-            else:
-                before = scaler.get_scale()
-                scaler.step(optimizer)
-                scaler.update()
-                if scaler.get_scale() < before and step not in skipped:
-                    skipped.append(step)
-            for p in masters:
-                p.grad = None"""
+_E4M3FN_BRANCH = ('if fmt == "fp8_e4m3fn":  # no infinities: only S.1111.111 is NaN\n'
+                  '        if exponent == all_ones and mantissa == (1 << m_bits) - 1:\n'
+                  '            return math.nan\n'
+                  '    elif exponent == all_ones:')
+_RNE_BF16 = "((rem > 0x8000) | ((rem == 0x8000) & ((q & 1) == 1)))"
+_TWICE_GUARD = ('        if self.stage.get(key) == "unscaled":\n'
+                '            raise RuntimeError("unscale_() has already been called on this optimizer since the last '
+                'update().")\n')
+_UNSCALE_THEN_CLIP = ("        if scaler is not None:\n"
+                      "            scaler.unscale_(optimizer)  # true gradients from here on\n"
+                      "        if clip is not None:\n"
+                      "            torch.nn.utils.clip_grad_norm_(masters, clip)  # clip AFTER unscale_\n")
+_CLIP_THEN_UNSCALE = ("        if clip is not None:\n"
+                      "            torch.nn.utils.clip_grad_norm_(masters, clip)\n"
+                      "        if scaler is not None:\n"
+                      "            scaler.unscale_(optimizer)\n")
+_FORWARD = ("            compute = {n: p.detach().to(dtype).requires_grad_(p.requires_grad) for n, p in params.items()}\n"
+            "            pred = mlp_forward(compute, x.to(dtype))  # (B, d_out) in dtype\n")
+_AUTOCAST_FORWARD = ("            compute = {n: p.detach().requires_grad_(p.requires_grad) for n, p in params.items()}\n"
+                     '            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):\n'
+                     "                pred = mlp_forward(compute, x)\n")
+# Two small edits: the forward left in fp32, weights and input alike (either one alone is a dtype error).
+_FP32_FORWARD = (("p.detach().to(dtype).requires_grad_", "p.detach().requires_grad_"),
+                 ("mlp_forward(compute, x.to(dtype))", "mlp_forward(compute, x)"))
+_UPCAST = ("            xd = x.to(dtype)\n"
+           '            h = torch.relu(F.linear(xd, compute["w1"], compute["b1"])).float()  # back up to fp32 "for accuracy"\n'
+           '            pred = F.linear(h, compute["w2"].float(), compute["b2"].float()).to(dtype)\n')
 
 BUGGY = {
     "amp.decode": {
-        "subnormal_with_implicit_one": (_decode(subnormal="math.ldexp((1 << m_bits) | mantissa, 1 - bias - m_bits)"),
+        "subnormal_with_implicit_one": (_decode(("return sign * math.ldexp(mantissa, 1 - bias - m_bits)",
+                                                 "return sign * math.ldexp((1 << m_bits) | mantissa, 1 - bias - m_bits)")),
                                         "no implicit"),
-        "e4m3fn_has_infinities": (_decode(nan="False", inf="exponent == all_ones"), "no infinities"),
-        "subnormal_exponent_minus_bias": (_decode(subnormal="math.ldexp(mantissa, -bias - m_bits)"), "1 - bias"),
-        "bias_off_by_one": (_decode(bias="(bias + 1)", subnormal="math.ldexp(mantissa, -bias - m_bits)"), None),
+        "e4m3fn_has_infinities": (_decode((_E4M3FN_BRANCH, "if exponent == all_ones:")), "no infinities"),
+        "subnormal_exponent_minus_bias": (_decode(("math.ldexp(mantissa, 1 - bias - m_bits)",
+                                                   "math.ldexp(mantissa, -bias - m_bits)")), "1 - bias"),
+        "bias_off_by_one": (_decode(("bias = (1 << (e_bits - 1)) - 1", "bias = 1 << (e_bits - 1)")),
+                            "2**(E-1) - 1"),
+        "sign_ignored": (_decode(("sign = -1.0 if bits >> (e_bits + m_bits) else 1.0", "sign = 1.0")), "is the sign"),
     },
     "amp.decompose": {
-        "round_half_up": (_decompose(round_up="rem >= half"), "EVEN neighbour"),
-        "truncate": (_decompose(round_up="False"), "truncated"),
-        "flush_subnormals": (_decompose(flush="True"), "subnormals"),
-        "saturate_instead_of_inf": (_decompose(overflow="sign, max_exp, (1 << m_bits) - 1"), "becomes inf"),
+        "round_half_up": (_decompose(("if rem > half or (rem == half and q & 1):", "if rem >= half:")),
+                          "EVEN neighbour"),
+        "truncate": (_decompose(("    if rem > half or (rem == half and q & 1):  # round to nearest, ties to even\n"
+                                 "        q += 1\n", "")), "truncated"),
+        "flush_subnormals": (_decompose(("    exp = max(e - 1, emin)",
+                                         "    if e - 1 < emin:  # below the smallest normal: flushed\n"
+                                         "        return sign, 0, 0\n"
+                                         "    exp = max(e - 1, emin)")), "subnormals"),
+        "saturate_instead_of_inf": (_decompose(("return sign, all_ones, 0  # overflow: inf",
+                                                "return sign, all_ones - 1, (1 << m_bits) - 1  # overflow: the max")),
+                                    "becomes inf"),
+        "carry_kept_in_the_mantissa": (_decompose(("        if mantissa == (1 << m_bits):\n"
+                                                   "            exponent, mantissa = exponent + 1, 0\n", "")),
+                                       "carry moves into the exponent"),
     },
     "amp.fp32_to_bf16_bits": {
-        "round_half_up": (_RSE + """
-def fp32_to_bf16_bits(x):
-    u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    mag = u & 0x7FFFFFFF
-    out = ((u >> 16) & 0x8000) | torch.where(mag > 0x7F800000, 0x7FC0, (mag + 0x8000) >> 16)
-    return out.to(torch.int16)
-""", "EVEN neighbour"),
-        "truncate": (_RSE + """
-def fp32_to_bf16_bits(x):
-    return (x.contiguous().view(torch.int32) >> 16).to(torch.int16)
-""", "truncated"),
-        "nan_rounded_like_a_number": (_RSE + """
-def fp32_to_bf16_bits(x):
-    u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    lsb = (u >> 16) & 1
-    return ((u + 0x7FFF + lsb) >> 16).to(torch.int16)
-""", "NaN input must give a NaN"),
-        "casts_with_to": ("""
-import torch
-
-def fp32_to_bf16_bits(x):
-    return x.to(torch.bfloat16).view(torch.int16)
-""", "integer operations"),
+        "round_half_up": (_bf16((_RNE_BF16, "(rem >= 0x8000)")), "EVEN neighbour"),
+        "truncate": (_bf16((f"rounded = q + {_RNE_BF16}.to(torch.int64)", "rounded = q")), "truncated"),
+        "nan_rounded_like_a_number": (_bf16(("torch.where(is_nan, 0x7FC0, rounded)", "rounded")),
+                                      "NaN input must give a NaN"),
+        "sign_dropped": (_bf16(("out = sign | torch.where", "out = torch.where")), "sign bit"),
+        "casts_with_to": (_bf16(("return out.to(torch.int16)", "return x.to(torch.bfloat16).view(torch.int16)")), None),
+        "abs_in_place": (_bf16(("mag = u & 0x7FFFFFFF", "mag = x.abs_().contiguous().view(torch.int32).to(torch.int64)")),
+                         None),
     },
     "amp.fp32_to_fp16_bits": {
-        "round_half_up": (_HALF_UP + _fp16(round_fn="_half_up"), "EVEN neighbour"),
-        "flush_subnormals": (_fp16(submin="1000"), "subnormals"),
-        "saturate_instead_of_inf": (_fp16(maxbits="0x7BFF"), "becomes inf"),
-        "nan_becomes_inf": (_fp16(nan="0x7C00"), "NaN input must give a NaN"),
-        "numpy_cast": ("""
-import torch
-
-def fp32_to_fp16_bits(x):
-    import numpy as np
-    with np.errstate(over="ignore"):
-        return torch.from_numpy(x.contiguous().numpy().astype(np.float16).view(np.int16))
-""", "used Tensor.numpy"),
+        "round_half_up": (_fp16(("return q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(torch.int64)",
+                                 "return q + (rem >= half).to(torch.int64)")), "EVEN neighbour"),
+        "flush_subnormals": (_fp16(("torch.where(exp32 >= 1, subnormal, torch.zeros_like(u))", "torch.zeros_like(u)")),
+                             "subnormals"),
+        "saturate_instead_of_inf": (_fp16(("max=0x7C00)", "max=0x7BFF)")), "becomes inf"),
+        "nan_becomes_inf": (_fp16(("    out = torch.where(mag > 0x7F800000, 0x7E00, out)  # a quiet NaN (any NaN will do)\n",
+                                   "")), "NaN input must give a NaN"),
+        "subnormal_without_implicit_one": (_fp16(("round_shift(mant32 | (1 << 23), shift)", "round_shift(mant32, shift)")),
+                                           None),
+        "numpy_cast": (_fp16(("return (sign | out).to(torch.int16)",
+                              "import numpy as np\n    with np.errstate(over='ignore'):\n"
+                              "        return torch.from_numpy(x.numpy().astype('float16').view('int16'))")), None),
     },
     "amp.predict_dtypes": {
-        "cpu_like_cuda": (_predict(fp32='op in ("layer_norm", "softmax", "log_softmax", "exp", "pow", "sum")'),
+        "cpu_like_cuda": (_predict(('(device_type == "cuda" and op in fp32_on_cuda)', "op in fp32_on_cuda")),
                           "CPU autocast does not list"),
-        "cuda_like_cpu": (_predict(fp32="False"), "on CUDA"),
-        "no_type_promotion": (_predict(add="False"), "type promotion"),
-        "losses_in_low_precision": (_predict(loss="False"), "fp32 list"),
+        "cuda_like_cpu": (_predict((' or (device_type == "cuda" and op in fp32_on_cuda)', "")), "on CUDA"),
+        "no_type_promotion": (_predict(('        elif op == "add_fp32":  # not listed: type promotion with an fp32 '
+                                        'tensor\n            current = "float32"\n', "")), "type promotion"),
+        "losses_in_low_precision": (_predict(('fp32_everywhere = {"mse_loss", "cross_entropy"}',
+                                              "fp32_everywhere = set()")), "fp32 list"),
+        "assumes_fp32_input": (_predict(("out, current = [], input_dtype", 'out, current = [], "float32"')),
+                               "input's dtype"),
+        "matmul_not_lowered": (_predict(('lower = {"linear", "matmul"}', 'lower = {"linear"}')), "lower-precision list"),
     },
     "amp.update_scale": {
-        "keeps_count_on_inf": (_update(on_inf="growth_tracker"), "resets growth_tracker"),
-        "grows_to_inf": (_update(grow_ok="True"), "never grow the scale to inf"),
-        "no_reset_after_growth": (_update(on_growth="growth_tracker"), "starts again from 0"),
-        "grows_one_step_late": (_update(count="pass").replace("return scale, growth_tracker\n",
-                                                               "return scale, growth_tracker + 1\n"), "off by one"),
+        "keeps_count_on_inf": (_update(("return scale * backoff_factor, 0", "return scale * backoff_factor, growth_tracker")),
+                               "resets growth_tracker"),
+        "grows_to_inf": (_update(("(grown if grown <= 3.4028234663852886e38 else scale)", "grown")),
+                         "never grow the scale to inf"),
+        "no_reset_after_growth": (_update(("else scale), 0", "else scale), growth_tracker")), "starts again from 0"),
+        # Two small edits: the good step is counted after the growth test instead of before it.
+        "grows_one_step_late": (_update(("    growth_tracker += 1  # this step was good\n", ""),
+                                        ("return scale, growth_tracker\n", "return scale, growth_tracker + 1\n")),
+                                "growth_tracker + 1 == growth_interval"),
+        "grows_past_the_interval": (_update(("if growth_tracker == growth_interval:",
+                                             "if growth_tracker >= growth_interval:")), "keeps counting"),
     },
     "amp.grad_scaler": {
-        "steps_on_inf": (_scaler(step_rule="True"), "must skip optimizer.step()"),
-        "unscales_twice": (_scaler(always_unscale="True", twice_check="False"), "divided by the scale twice"),
-        "sticky_found_inf": (_scaler(found="found or self.found.get(key, False)", reset_found="pass"),
+        "steps_on_inf": (_scaler(("        if not self.found_inf[key]:\n            return optimizer.step()\n"
+                                  "        return None\n", "        return optimizer.step()\n")),
+                         "must skip optimizer.step()"),
+        # Two small edits: step() always unscales, and nothing guards against unscaling twice.
+        "unscales_twice": (_scaler(('if self.stage.get(key) != "unscaled":\n            self.unscale_(optimizer)',
+                                    "self.unscale_(optimizer)"), (_TWICE_GUARD, "")),
+                           "divided by the scale twice"),
+        # Two small edits: found_inf is OR-ed into the old flag, which update() no longer clears.
+        "sticky_found_inf": (_scaler(("found = False", "found = self.found_inf.get(key, False)"),
+                                     ("self.stage, self.found_inf = {}, {}  # a new iteration", "self.stage = {}")),
                              "must be reset"),
-        "multiplies_by_scale": (_scaler(inv_scale="self.s"), "1/scale"),
-        "no_backoff": (_scaler(backoff="1.0"), "back off"),
+        "multiplies_by_scale": (_scaler(("inv_scale = 1.0 / self._scale", "inv_scale = self._scale")), "1/scale"),
+        "no_backoff": (_scaler(("self._scale, self.growth_tracker = self._scale * self.backoff_factor, 0",
+                                "self.growth_tracker = 0")), "back off"),
+        "twice_not_raised": (_scaler((_TWICE_GUARD, "")), "must raise RuntimeError"),
+        "stops_at_a_missing_grad": (_scaler(("                        continue\n", "                        break\n")),
+                                    "skip it"),
     },
     "amp.amp_train": {
-        "clip_before_unscale": (_train(finish=_CLIP_FIRST), "clip AFTER scaler.unscale_"),
-        "no_accum_division": (_train(micro="loss"), "divide each micro-batch loss by accum"),
-        "step_every_micro_batch": (_train(per_micro=_STEP_EACH_MICRO, finish="pass"), None),
-        "loss_in_low_precision": (_train(forward="pred = mlp_forward(compute, x.to(dtype))\n"
-                                                 "            loss = F.mse_loss(pred, y.to(dtype)) * loss_weight"),
-                                  "float32"),
-        "uses_autocast": ("""
-def amp_train(params, optimizer, data, steps, dtype, scaler=None, clip=None, accum=1, loss_weight=1.0):
-    losses, skipped = [], []
-    for step in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for k in range(accum):
-            x, y = data[(step * accum + k) % len(data)]
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-                loss = F.mse_loss(mlp_forward(params, x), y) * loss_weight
-            total += loss.item()
-            (scaler.scale(loss / accum) if scaler is not None else loss / accum).backward()
-        losses.append(total / accum)
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
-        if scaler is None:
-            optimizer.step()
-        else:
-            before = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
-            if scaler.get_scale() < before:
-                skipped.append(step)
-    return losses, skipped
-""", "used torch.autocast"),
-        "computes_in_fp32": (_train(cast="torch.float32"), "your matmuls ran in float32"),
-        "growth_counted_as_skip": (_train(skip_test="!="), "growth also changes"),
+        "clip_before_unscale": (_train((_UNSCALE_THEN_CLIP, _CLIP_THEN_UNSCALE)), "clip AFTER scaler.unscale_"),
+        "no_accum_division": (_train(("micro = loss / accum", "micro = loss")), "divide each micro-batch loss by accum"),
+        "zero_grad_every_micro_batch": (_train(("        for p in masters:\n            p.grad = None\n        total = 0.0\n"
+                                                "        for k in range(accum):\n",
+                                                "        total = 0.0\n        for k in range(accum):\n"
+                                                "            for p in masters:\n                p.grad = None\n")), None),
+        "loss_in_low_precision": (_train(("loss = F.mse_loss(pred.float(), y) * loss_weight",
+                                          "loss = F.mse_loss(pred, y.to(dtype)) * loss_weight")), "float32"),
+        "uses_autocast": (_train((_FORWARD, _AUTOCAST_FORWARD)), None),
+        "computes_in_fp32": (_train(*_FP32_FORWARD), "dtype of what you give it"),
+        "growth_counted_as_skip": (_train(("if scaler.get_scale() < before:", "if scaler.get_scale() != before:")),
+                                   "growth also changes"),
+        "frozen_gets_a_gradient": (_train(("requires_grad_(p.requires_grad)", "requires_grad_(True)")), "although frozen"),
     },
     "amp.amp_speed": {
-        "computes_in_fp32": (_train(cast="torch.float32"), "nothing got smaller"),
-        "upcast_between_layers": (_train(forward="""xd = x.to(dtype)
-            h = torch.relu(F.linear(xd, compute["w1"], compute["b1"])).float()  # back up to fp32 "for accuracy"
-            pred = F.linear(h, compute["w2"].float(), compute["b2"].float()).to(dtype)
-            loss = F.mse_loss(pred.float(), y) * loss_weight"""), "saves float32 tensors"),
-        "logging_forward_with_grad": (_train(forward=_FORWARD + """
-            fp32_loss = F.mse_loss(mlp_forward(params, x), y)  # for logging, but autograd saves its tensors"""),
-                                      "torch.no_grad()"),
+        "computes_in_fp32": (edited("amp.amp_speed", *_FP32_FORWARD, cell="amp_train_code"), "nothing got smaller"),
+        "upcast_between_layers": (edited("amp.amp_speed", ("            pred = mlp_forward(compute, x.to(dtype))  # (B, "
+                                                           "d_out) in dtype\n", _UPCAST), cell="amp_train_code"),
+                                  "saves float32 tensors"),
+        "logging_forward_with_grad": (edited("amp.amp_speed", (
+            "            total += loss.item()\n",
+            "            total += loss.item()\n"
+            "            fp32_loss = F.mse_loss(mlp_forward(params, x), y)  # for logging, but autograd saves its tensors\n"),
+            cell="amp_train_code"), "torch.no_grad()"),
     },
 }

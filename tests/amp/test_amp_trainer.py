@@ -138,3 +138,39 @@ def test_master_weights_keep_small_updates_that_bf16_weights_lose():
     assert pure_moved / n < 0.05 and mixed_moved / n > 0.95, (pure_moved / n, mixed_moved / n)
     with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):  # torch's rule too
         train_steps(CFG, DATA, 1, torch.float16, master_weights=False, scaler=GradScaler("cpu"))
+
+
+@pytest.mark.parametrize("frozen", [(), ("b1",), ("w1", "b1")])
+def test_amp_train_with_frozen_masters_matches_autocast(frozen):
+    """ptinternals.amp.trainer.amp_train (the exercise's twin) against torch.autocast + torch's GradScaler,
+    with some masters frozen (requires_grad=False, still owned by the optimizer): those never move."""
+    from ptinternals.amp.trainer import amp_train
+
+    cfg = MLPConfig(d_in=6, d_hidden=10, d_out=3)
+    data = make_regression_data(cfg, n_batches=2, batch_size=8)
+    init = init_mlp_params(cfg)
+    params = {n: p.clone().requires_grad_(n not in frozen) for n, p in init.items()}
+    opt = torch.optim.Adam(list(params.values()), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
+    losses, skipped = amp_train(params, opt, data, 3, torch.float16, scaler=scaler, clip=0.5, accum=2)
+    ref = reference_autocast_train_steps(cfg, data, 3, torch.float16, scaler=torch.amp.GradScaler(
+        "cpu", init_scale=2.0**16, growth_interval=1), clip=0.5, accum=2, init=init, frozen=frozen)
+    assert skipped == ref["skipped_steps"]
+    assert losses == pytest.approx(ref["losses"], rel=1e-3)  # fp16 sums in another order: the checker's 0.1%
+    for n, p in params.items():
+        assert torch.allclose(p.detach(), ref["final_params"][n], rtol=1e-3, atol=1e-5), n
+        if n in frozen:
+            assert torch.equal(p.detach(), init[n]), f"{n} is frozen and moved"
+
+
+def test_amp_train_and_frozen_names_validate():
+    from ptinternals.amp.trainer import amp_train
+
+    params = init_mlp_params(CFG)
+    opt = torch.optim.SGD(list(params.values()), lr=0.1)
+    with pytest.raises(ValueError, match="params must be a dict with keys b1, b2, w1, w2"):
+        amp_train({"w1": params["w1"]}, opt, DATA, 1, torch.bfloat16)
+    with pytest.raises(ValueError, match="accum must be an int >= 1"):
+        amp_train(params, opt, DATA, 1, torch.bfloat16, accum=0)
+    with pytest.raises(ValueError, match="frozen must name parameters among"):
+        reference_autocast_train_steps(CFG, DATA, 1, torch.bfloat16, frozen=("w3",))

@@ -181,3 +181,39 @@ def test_student_notebook_scores_zero_everywhere_through_the_sandbox():
     assert not report.cell_errors
 
 
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_layer_dtypes_predicts_real_autocast_layer_by_layer(device):
+    """ptinternals.amp.layer_dtypes (the twin of amp.predict_dtypes) against real autocast, chains included."""
+    from ptinternals.amp.layer_dtypes import predict_dtypes
+
+    chains = [[op] for op in BODY_OPS + TERMINAL_OPS] + [
+        ["linear", "layer_norm", "add_fp32", "softmax", "matmul", "sum"], ["exp", "linear", "mse_loss"], []]
+    for low in ("bfloat16", "float16"):
+        for inp in ("float32", "bfloat16", "float16"):
+            for layers in chains:
+                want = autocast_layer_dtypes(layers, device, low, inp)
+                assert predict_dtypes(layers, device, low, inp) == want, (device, low, inp, layers)
+
+
+def test_layer_dtypes_rejects_bad_input():
+    from ptinternals.amp.layer_dtypes import predict_dtypes
+
+    with pytest.raises(TypeError, match="layers must be a list"):
+        predict_dtypes("linear", "cpu", "bfloat16")
+    with pytest.raises(ValueError, match=r"layers\[1\] must be one of"):
+        predict_dtypes(["linear", "conv"], "cpu", "bfloat16")
+    with pytest.raises(ValueError, match="autocast_dtype must be float16 or bfloat16"):
+        predict_dtypes(["linear"], "cpu", "float32")
+
+
+def test_decompose_fields_is_decompose_without_the_kind():
+    from ptinternals.amp.formats import decompose, decompose_fields
+
+    for value, fmt in [(1.0, "fp16"), (-65520.0, "fp16"), (2.0**-140, "bf16"), (math.nan, "fp8_e4m3fn")]:
+        assert decompose_fields(value, fmt) == tuple(decompose(value, fmt))[:3]
+        assert decompose_fields(value, fmt) == tuple(
+            (torch_bits_of_value(value, fmt) >> s) & mask for s, mask in (
+                (sum(FORMATS[fmt][:2]), 1), (FORMATS[fmt][1], (1 << FORMATS[fmt][0]) - 1),
+                (0, (1 << FORMATS[fmt][1]) - 1))) or math.isnan(value)

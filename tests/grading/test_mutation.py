@@ -67,3 +67,18 @@ def test_every_recorded_equivalent_names_a_mutant_of_todays_solution(slug):
     mutants = [m for exercise_id in sorted({key[0] for key in listed})
                for m in mutation.exercise_mutants(exercise_id, keys=listed)]
     assert mutation.stale_equivalents(slug, mutants) == []
+
+
+def test_a_shared_answer_cell_is_mutated_once_and_judged_by_every_exercise_that_shares_it():
+    """amp.amp_speed grades amp.amp_train's cell (the bank's ANSWER_CELL): that cell's mutants are made once,
+    under amp.amp_train, and a mutant only one of the two checkers can see is killed."""
+    from ptinternals.grading.testing import edited
+
+    assert mutation.cell_plan("amp", ["amp.amp_speed"]) == {"amp.amp_train": ("amp_train_code", ["amp.amp_speed"])}
+    plan = mutation.cell_plan("amp")
+    assert plan["amp.amp_train"] == ("amp_train_code", ["amp.amp_speed"]) and "amp.amp_speed" not in plan
+    bug = edited("amp.amp_train", ("micro = loss / accum", "micro = loss"))  # only accum > 1 shows it
+    alone = mutation.judge("amp.amp_speed", "amp_train_code", bug, visible_only=True)
+    assert alone.status == mutation.SURVIVED, alone
+    both = mutation.judge("amp.amp_speed", "amp_train_code", bug, visible_only=True, judges=[("amp.amp_train", True)])
+    assert both.status == mutation.KILLED and both.exercise == "amp.amp_train" and both.phase == "visible", both

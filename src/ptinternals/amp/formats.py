@@ -259,6 +259,13 @@ def decompose(value: float, fmt: "str | FloatFormat") -> Decomposed:
     return fields(encode(value, f), f)
 
 
+def decompose_fields(value: float, fmt: "str | FloatFormat") -> tuple[int, int, int]:
+    """``(sign, exponent field, mantissa field)`` of ``value`` rounded to nearest-even in ``fmt``: the
+    answer of the chapter's exercise amp.decompose (``decompose`` without the kind)."""
+    sign, exponent, mantissa, _ = decompose(value, fmt)
+    return sign, exponent, mantissa
+
+
 def round_to_format(value: float, fmt: "str | FloatFormat") -> float:
     """``value`` rounded to the nearest number of ``fmt``, as a Python float."""
     f = get_format(fmt)

@@ -297,6 +297,22 @@ class GradScaler:
             self._growth_tracker.fill_(state_dict["_growth_tracker"])
 
 
+class CPUGradScaler(GradScaler):
+    """``GradScaler("cpu", ...)`` with the constructor of the deprecated ``torch.cpu.amp.GradScaler``
+    (``torch/cpu/amp/grad_scaler.py``): no device argument. It is the signature of the chapter's exercise
+    amp.grad_scaler, whose scripted runs are on the CPU."""
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ) -> None:
+        super().__init__("cpu", init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+
+
 def _check_optimizer(optimizer) -> None:
     if not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "step"):
         raise TypeError(

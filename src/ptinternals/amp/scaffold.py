@@ -93,7 +93,8 @@ def scaler_trajectory(make_scaler, params, script, lr: float = 0.1) -> dict:
     ``script`` is a list of steps; a step is ``{"micro": [[g for each param] per micro-batch],
     "unscale": bool, "twice": bool}``. Each micro-batch's loss is ``sum((p.half().float() * g).sum())``,
     so ``p.grad`` is S * g rounded through float16 (overflowing to inf past 65504, as a real fp16
-    backward does). ``unscale`` calls ``scaler.unscale_(opt)`` before ``step`` (as you do before
+    backward does); a ``g`` of None leaves its parameter out of that loss (no gradient from it, so a
+    parameter with None in every micro-batch keeps ``.grad`` None, like a frozen or unused one). ``unscale`` calls ``scaler.unscale_(opt)`` before ``step`` (as you do before
     clipping); ``twice`` then calls it a second time, which must raise RuntimeError.
     """
     ps = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in params]
@@ -112,7 +113,7 @@ def scaler_trajectory(make_scaler, params, script, lr: float = 0.1) -> dict:
         out["scales"].append(float(scaler.get_scale()))
         opt.zero_grad(set_to_none=True)
         for grads in spec["micro"]:
-            loss = sum(((p.half().float()) * g).sum() for p, g in zip(ps, grads))
+            loss = sum(((p.half().float()) * g).sum() for p, g in zip(ps, grads) if g is not None)
             scaler.scale(loss).backward()
         twice = "not asked"
         if spec.get("unscale"):

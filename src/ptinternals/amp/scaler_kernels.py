@@ -26,20 +26,17 @@ versions are what ``ptinternals.amp.grad_scaler.GradScaler`` calls.
 from __future__ import annotations
 
 import math
-import struct
 from typing import Sequence
 
 import torch
 
+from .formats import round_to_format
+
 
 def _to_fp32(x: float) -> float:
-    """Round a Python float (double) to the nearest float32 value, overflowing to +-inf like C++."""
-    if math.isnan(x) or math.isinf(x):
-        return x
-    try:
-        return struct.unpack("f", struct.pack("f", x))[0]
-    except OverflowError:  # beyond float32's range after rounding
-        return math.copysign(math.inf, x)
+    """Round a Python float (double) to the nearest float32 value (ties to even), overflowing to +-inf
+    like C++'s ``static_cast<float>``: the chapter's own encoder, in plain Python."""
+    return round_to_format(x, "fp32")
 
 
 def _check_factors(growth_factor: float, backoff_factor: float, growth_interval: int) -> None:

@@ -37,6 +37,7 @@ from .scaffold import UNDERFLOW_CONFIG, MLPConfig, init_mlp_params, make_regress
 __all__ = [
     "UNDERFLOW_CONFIG",
     "MLP",
+    "amp_train",
     "MLPConfig",
     "init_mlp_params",
     "make_regression_data",
@@ -120,13 +121,15 @@ def _initial_params(cfg: MLPConfig, init, device) -> dict[str, torch.Tensor]:
 
 
 def _finish_step(scaler, optimizer, masters, clip) -> tuple[bool, float]:
-    """unscale -> clip -> (maybe) step -> update. Returns (skipped, unscaled grad norm before clipping)."""
+    """unscale -> clip -> (maybe) step -> update. Returns (skipped, unscaled grad norm before clipping).
+    Parameters without a gradient (frozen ones) take no part, as in clip_grad_norm_ and the optimizer."""
     if scaler is not None:
         scaler.unscale_(optimizer)  # grads are now true gradients; found_inf recorded
     if clip is not None:
         norm = torch.nn.utils.clip_grad_norm_(masters, clip)  # clip AFTER unscale_, never before
     else:
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in masters]))
+        norms = [torch.linalg.vector_norm(p.grad) for p in masters if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
     if scaler is None:
         optimizer.step()
         return False, float(norm)
@@ -134,6 +137,57 @@ def _finish_step(scaler, optimizer, masters, clip) -> tuple[bool, float]:
     scaler.step(optimizer)  # skips optimizer.step() when found_inf
     scaler.update()
     return skipped, float(norm)
+
+
+def _micro_batch(weights: dict, x, y, dtype, scaler, accum: int, loss_weight: float,
+                 master_weights: bool = True) -> float:
+    """Forward and (scaled) backward of one micro-batch; returns its unscaled loss.
+
+    With master weights, the forward runs on fresh ``dtype`` copies (2 B/param for bf16/fp16) and their
+    gradients, cast to fp32, are ADDED into the masters' ``.grad`` (accumulation happens in fp32). A frozen
+    master (``requires_grad=False``) gets a copy that needs no gradient, so it gets none and never moves.
+    """
+    if master_weights:
+        compute = {n: p.detach().to(dtype).requires_grad_(p.requires_grad) for n, p in weights.items()}
+    else:
+        compute = weights
+    pred = mlp_forward(compute, x.to(dtype))  # (B, d_out) in dtype
+    loss = F.mse_loss(pred.float(), y.float()) * loss_weight  # fp32 loss, like autocast
+    micro = loss / accum
+    (scaler.scale(micro) if scaler is not None else micro).backward()
+    if master_weights:
+        with torch.no_grad():  # low-precision grads -> fp32, accumulated in the masters
+            for n, p in weights.items():
+                g = compute[n].grad
+                if g is not None:
+                    p.grad = g.float() if p.grad is None else p.grad + g.float()
+    return float(loss.detach())
+
+
+def amp_train(params, optimizer, data, steps, dtype, scaler=None, clip=None, accum=1, loss_weight=1.0):
+    """The chapter's exercise amp.amp_train: train ``params`` (fp32 masters ``w1, b1, w2, b2``, some maybe
+    frozen) with ``optimizer`` (which owns them) for ``steps`` steps of ``accum`` micro-batches, computing
+    in ``dtype`` without autocast. Returns ``(losses, skipped_steps)``: the mean unscaled micro-batch loss
+    of each step, and the steps the scaler skipped (its ``update()`` lowered the scale)."""
+    if not isinstance(params, dict) or set(params) != {"w1", "b1", "w2", "b2"}:
+        raise ValueError(f"params must be a dict with keys b1, b2, w1, w2, got {params!r:.80}")
+    w1, w2 = params["w1"], params["w2"]
+    cfg = MLPConfig(w1.shape[1], w1.shape[0], w2.shape[0], loss_weight=loss_weight)
+    _check_args(cfg, data, steps, dtype, clip, accum, lr=1.0)
+    masters = list(params.values())
+    losses, skipped = [], []
+    for step in range(steps):
+        for p in masters:
+            p.grad = None
+        total = 0.0
+        for k in range(accum):
+            x, y = data[(step * accum + k) % len(data)]
+            total += _micro_batch(params, x, y, dtype, scaler, accum, loss_weight)
+        losses.append(total / accum)
+        was_skipped, _ = _finish_step(scaler, optimizer, masters, clip)
+        if was_skipped:
+            skipped.append(step)
+    return losses, skipped
 
 
 def train_steps(
@@ -180,21 +234,7 @@ def train_steps(
         total = 0.0
         for k in range(accum):
             x, y = data[(step * accum + k) % len(data)]
-            if master_weights:
-                # the weight cast: fresh low-precision leaves each micro-batch, 2 B/param for fp16/bf16
-                compute = {n: p.detach().to(dtype).requires_grad_(True) for n, p in weights.items()}
-            else:
-                compute = weights
-            pred = mlp_forward(compute, x.to(dtype))  # (B, d_out) in dtype
-            loss = F.mse_loss(pred.float(), y.float()) * cfg.loss_weight  # fp32 loss, like autocast
-            total += float(loss.detach())
-            micro = loss / accum
-            (scaler.scale(micro) if scaler is not None else micro).backward()
-            if master_weights:
-                with torch.no_grad():  # low-precision grads -> fp32, accumulated in the masters
-                    for n, p in weights.items():
-                        g32 = compute[n].grad.float()
-                        p.grad = g32 if p.grad is None else p.grad + g32
+            total += _micro_batch(weights, x, y, dtype, scaler, accum, cfg.loss_weight, master_weights)
         n_zero = sum(int((p.grad == 0).sum()) for p in params)
         out["zero_grad_fraction"].append(n_zero / sum(p.numel() for p in params))
         skipped, norm = _finish_step(scaler, opt, params, clip)
@@ -218,12 +258,20 @@ def reference_autocast_train_steps(
     lr: float = 1e-2,
     optimizer: str = "adam",
     init: dict | None = None,
+    frozen: tuple = (),
 ) -> dict:
-    """The same training with ``torch.autocast`` and (optionally) a GradScaler: the grader's reference."""
+    """The same training with ``torch.autocast`` and (optionally) a GradScaler: the grader's reference.
+    ``frozen`` names parameters (``"w1"``, ``"b1"``, ...) set to ``requires_grad=False``: the optimizer
+    still owns them (as ``AdamW(model.parameters())`` does), but they get no gradient and never move."""
     _check_args(cfg, data, steps, dtype, clip, accum, lr)
     device = data[0][0].device
     model = MLP(_initial_params(cfg, init, device))
-    params = [model.fc1.weight, model.fc1.bias, model.fc2.weight, model.fc2.bias]
+    named = {"w1": model.fc1.weight, "b1": model.fc1.bias, "w2": model.fc2.weight, "b2": model.fc2.bias}
+    if not set(frozen) <= set(named):
+        raise ValueError(f"frozen must name parameters among {sorted(named)}, got {frozen!r}")
+    for n in frozen:
+        named[n].requires_grad_(False)
+    params = list(named.values())
     opt = _make_optimizer(params, optimizer, lr)
     out = {"losses": [], "skipped_steps": [], "scales": [], "grad_norms": [], "zero_grad_fraction": []}
     for step in range(steps):
@@ -237,17 +285,13 @@ def reference_autocast_train_steps(
             total += float(loss.detach())
             micro = loss / accum
             (scaler.scale(micro) if scaler is not None else micro).backward()
-        n_zero = sum(int((p.grad == 0).sum()) for p in params)
-        out["zero_grad_fraction"].append(n_zero / sum(p.numel() for p in params))
+        graded = [p for p in params if p.grad is not None]
+        n_zero = sum(int((p.grad == 0).sum()) for p in graded)
+        out["zero_grad_fraction"].append(n_zero / max(1, sum(p.numel() for p in graded)))
         skipped, norm = _finish_step(scaler, opt, params, clip)
         out["losses"].append(total / accum)
         out["grad_norms"].append(norm)
         if skipped:
             out["skipped_steps"].append(step)
-    out["final_params"] = {
-        "w1": model.fc1.weight.detach().clone(),
-        "b1": model.fc1.bias.detach().clone(),
-        "w2": model.fc2.weight.detach().clone(),
-        "b2": model.fc2.bias.detach().clone(),
-    }
+    out["final_params"] = {n: p.detach().clone() for n, p in named.items()}
     return out

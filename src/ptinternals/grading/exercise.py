@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -363,8 +364,11 @@ def run_in_process(ex: Exercise, entry: Callable, cases: list[Case], device: str
     try:
         for case in cases:
             arrays: dict = {}
-            args = _runtime.decode(_runtime.encode(case.args, arrays), arrays, device=device)
-            kwargs = _runtime.decode(_runtime.encode(case.kwargs, arrays), arrays, device=device)
+            # Through JSON, as the sandbox reads its job.json: strings and large ints arrive as new objects,
+            # so `fmt is "fp16"` fails here as it fails when graded (it used to pass here, on the case's own str).
+            args = _runtime.decode(json.loads(json.dumps(_runtime.encode(case.args, arrays))), arrays, device=device)
+            kwargs = _runtime.decode(json.loads(json.dumps(_runtime.encode(case.kwargs, arrays))), arrays,
+                                     device=device)
             storages = _runtime.arg_storages(args, kwargs)
             got = _runtime.call_case(entry, args, kwargs, probe)
             out_arrays: dict = {}

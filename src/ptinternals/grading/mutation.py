@@ -11,6 +11,11 @@ only inside its ``### BEGIN SOLUTION`` / ``### END SOLUTION`` region. Each mutan
 then the exercise's checker on its visible cases, then on its hidden ones, in-process (in a worker
 process, so that a mutant that loops forever only costs its time limit).
 
+A cell that answers several exercises (the bank's ``ANSWER_CELL``: ``amp.amp_speed`` grades the cell of
+``amp.amp_train``) is mutated once, under the exercise it is named after, and each mutant is judged by
+every exercise that shares the cell: it is killed when any of their checkers fails it, as a student's
+mistake there costs each of those exercises (``cell_plan``).
+
 A mutant is **killed** (the checker fails it, or its cell raises), **survived** (the checker passes it),
 **equivalent** (survived, and ``tests/<slug>/equivalent_mutants.yaml`` says why no input can tell it
 from the solution) or **timeout** (ran past its limit: the grader's own time limit would fail it, so it
@@ -182,6 +187,25 @@ def answer_cell(exercise_id: str) -> str:
     return getattr(bank(slug), "ANSWER_CELL", {}).get(exercise_id) or get_exercise(exercise_id).answer_cell
 
 
+def cell_plan(slug: str, exercises: list[str] | None = None) -> dict[str, tuple[str, list[str]]]:
+    """``{owner: (cell, judges)}``: the answer cells to mutate for ``exercises`` (all of the chapter's when
+    None), each once, under its owner (the exercise the cell is named after, else the first that uses it),
+    with ``judges``, the chapter's other exercises whose answer is that cell (in the chapter's order)."""
+    from .exercise import load_chapter
+
+    chapter = load_chapter(slug)
+    all_ids = [ex.id for ex in chapter.exercises]
+    sharers: dict[str, list[str]] = {}
+    for i in all_ids:
+        sharers.setdefault(answer_cell(i), []).append(i)
+    plan: dict[str, tuple[str, list[str]]] = {}
+    for i in exercises or all_ids:
+        cell = answer_cell(i)
+        owner = next((j for j in sharers[cell] if chapter.exercise(j).answer_cell == cell), sharers[cell][0])
+        plan.setdefault(owner, (cell, [j for j in sharers[cell] if j != owner]))
+    return plan
+
+
 def exercise_mutants(exercise_id: str, keys: set | None = None) -> list[Mutant]:
     """The mutants of an exercise's solution cell (only those with ``keys``, when given)."""
     from .testing import answer_sources
@@ -256,18 +280,22 @@ class Verdict:
     category: str = ""  # the CheckFailure's category (wrong, error, ...), or the cell's exception type
     seconds: float = 0.0
     message: str = ""  # the first line of the failure
+    exercise: str = ""  # whose checker killed it (one of several when the cell is shared)
 
 
 def _on_alarm(signum, frame):
     raise MutantTimeout()
 
 
-def judge(exercise_id: str, cell: str, source: str, *, visible_only: bool = False, limit_s: float = 0.0) -> Verdict:
-    """Run the exercise's checker on the chapter's cells with ``source`` in place of ``cell``."""
+def judge(exercise_id: str, cell: str, source: str, *, visible_only: bool = False, limit_s: float = 0.0,
+          judges: Iterable[tuple[str, bool]] = ()) -> Verdict:
+    """Run the exercise's checker on the chapter's cells with ``source`` in place of ``cell``; ``judges``:
+    ``(exercise_id, visible_only)`` of the other exercises that grade the same cell, whose checkers run too
+    (every visible run first, then the hidden ones)."""
     from .exercise import CheckFailure, check, get_exercise
     from .testing import namespace_with
 
-    ex = get_exercise(exercise_id)
+    checkers = [(get_exercise(exercise_id), visible_only)] + [(get_exercise(j), v) for j, v in judges]
     t0 = time.perf_counter()
     if limit_s:
         signal.signal(signal.SIGALRM, _on_alarm)
@@ -278,12 +306,15 @@ def judge(exercise_id: str, cell: str, source: str, *, visible_only: bool = Fals
                 ns = namespace_with(exercise_id.split(".", 1)[0], {cell: source})
             except Exception as e:  # the mutated cell raises: the notebook (and the grade) fails there
                 return Verdict(KILLED, "cell", type(e).__name__, time.perf_counter() - t0, str(e).split("\n")[0][:200])
-            for phase in ("visible",) if visible_only else ("visible", "hidden"):
-                try:
-                    check(exercise_id, ns[ex.entry], hidden=phase == "hidden")
-                except CheckFailure as failure:
-                    return Verdict(KILLED, phase, failure.category, time.perf_counter() - t0,
-                                   str(failure).split("\n")[0][:200])
+            for phase in ("visible", "hidden"):
+                for ex, only_visible in checkers:
+                    if phase == "hidden" and only_visible:
+                        continue
+                    try:
+                        check(ex.id, ns[ex.entry], hidden=phase == "hidden")
+                    except CheckFailure as failure:
+                        return Verdict(KILLED, phase, failure.category, time.perf_counter() - t0,
+                                       str(failure).split("\n")[0][:200], ex.id)
         return Verdict(SURVIVED, seconds=time.perf_counter() - t0)
     except MutantTimeout:
         return Verdict(TIMEOUT, seconds=time.perf_counter() - t0, message=f"ran past {limit_s:g} s")
@@ -324,6 +355,7 @@ def _worker(conn) -> None:
 class Job:
     mutant: Mutant
     visible_only: bool = False
+    judges: tuple = ()  # (exercise_id, visible_only) of the other exercises sharing the mutant's cell
 
 
 class Pool:
@@ -361,10 +393,11 @@ class Pool:
         w["proc"].join()
         w.update(self._start())
 
-    def warm(self, w: dict, exercise_id: str, cell: str, source: str, visible_only: bool) -> Verdict:
+    def warm(self, w: dict, exercise_id: str, cell: str, source: str, visible_only: bool,
+             judges: tuple = ()) -> Verdict:
         """Judge the unmutated solution in worker ``w`` (blocking): it must pass. Returns its verdict."""
         if exercise_id not in w["warm"]:
-            w["conn"].send(("warm", (exercise_id, cell, source), {"visible_only": visible_only}))
+            w["conn"].send(("warm", (exercise_id, cell, source), {"visible_only": visible_only, "judges": judges}))
             w["warm"][exercise_id] = w["conn"].recv()
         return w["warm"][exercise_id]
 
@@ -377,10 +410,10 @@ class Pool:
                 if w["job"] is None and pending:
                     job = pending.pop()
                     m = job.mutant
-                    self.warm(w, m.exercise, m.cell, solutions[m.exercise], job.visible_only)
+                    self.warm(w, m.exercise, m.cell, solutions[m.exercise], job.visible_only, job.judges)
                     limit = limits[m.exercise]
                     w["conn"].send(("judge", (m.exercise, m.cell, m.source),
-                                    {"visible_only": job.visible_only, "limit_s": limit}))
+                                    {"visible_only": job.visible_only, "limit_s": limit, "judges": job.judges}))
                     w["job"], w["deadline"] = job, time.monotonic() + limit + self.grace_s
             busy = [w for w in self.workers if w["job"]]
             ready = wait([w["conn"] for w in busy], timeout=1.0)
@@ -414,6 +447,9 @@ class ExerciseResult:
     equivalent: int = 0
     timeouts: int = 0
     killed_by: dict = field(default_factory=dict)  # phase -> count ("visible", "hidden", "cell", "worker")
+    shared_with: list = field(default_factory=list)  # the other exercises judging this cell's mutants
+    killed_first_by: dict = field(default_factory=dict)  # sharing exercise -> mutants its checker failed first
+    counted_under: str = ""  # another exercise owns this one's answer cell: its mutants are counted there
     visible_only: bool = False
     baseline_s: float = 0.0
     limit_s: float = 0.0
@@ -444,22 +480,29 @@ def run_chapter(slug: str, *, exercises: list[str] | None = None, jobs: int = 2,
     from .testing import answer_sources
 
     chapter = load_chapter(slug)
-    ids = exercises or [ex.id for ex in chapter.exercises]
+    order = [ex.id for ex in chapter.exercises]
+    plan = cell_plan(slug, exercises)
+    ids = [i for i in order if i in set(exercises or order) | set(plan)]  # the report's rows
     slow = set(getattr(bank(slug), "SLOW_HIDDEN", ()))
     sources = answer_sources(slug)
     equivalents = load_equivalents(slug)
     ops = operators()
-    by_exercise = {i: mutants_of(i, sources[answer_cell(i)], answer_cell(i), ops) for i in ids}
-    results = {i: ExerciseResult(i, len(ms), visible_only=i in slow) for i, ms in by_exercise.items()}
+    by_exercise = {i: mutants_of(i, sources[cell], cell, ops) for i, (cell, _) in plan.items()}
+    judges = {i: tuple((j, j in slow) for j in others) for i, (_, others) in plan.items()}
+    results = {i: ExerciseResult(i, len(by_exercise.get(i, ())), visible_only=i in slow) for i in ids}
+    for owner, (_, others) in plan.items():
+        results[owner].shared_with = list(others)
+        for j in others:
+            if j in results:
+                results[j].counted_under = owner
     records: list[Record] = []
     t0 = time.perf_counter()
     bar = progress(sum(len(ms) for ms in by_exercise.values())) if progress else None
     with Pool(jobs) as pool:
         limits, solutions, todo = {}, {}, []
-        for i in ids:  # warm one worker per exercise to learn its clean time (the others warm on demand)
-            cell = answer_cell(i)
+        for i, (cell, _) in plan.items():  # warm one worker per cell to learn its clean time (others on demand)
             solutions[i] = sources[cell]
-            base = pool.warm(pool.workers[0], i, cell, sources[cell], i in slow)
+            base = pool.warm(pool.workers[0], i, cell, sources[cell], i in slow, judges[i])
             r = results[i]
             if base.status != SURVIVED:
                 r.error = f"the solution fails its own check: {base.status} {base.phase} {base.message}"
@@ -468,7 +511,7 @@ def run_chapter(slug: str, *, exercises: list[str] | None = None, jobs: int = 2,
                 continue
             r.baseline_s = base.seconds
             r.limit_s = limits[i] = max(min_timeout_s, timeout_factor * base.seconds)
-            todo += [Job(m, i in slow) for m in by_exercise[i]]
+            todo += [Job(m, i in slow, judges[i]) for m in by_exercise[i]]
         for job, verdict in pool.run(todo, limits, solutions):
             m, r = job.mutant, results[job.mutant.exercise]
             r.seconds += verdict.seconds
@@ -478,6 +521,8 @@ def run_chapter(slug: str, *, exercises: list[str] | None = None, jobs: int = 2,
             if verdict.status == KILLED:
                 r.killed += 1
                 r.killed_by[verdict.phase] = r.killed_by.get(verdict.phase, 0) + 1
+                if verdict.exercise and verdict.exercise != m.exercise:
+                    r.killed_first_by[verdict.exercise] = r.killed_first_by.get(verdict.exercise, 0) + 1
             elif verdict.status == SURVIVED:
                 r.survived += 1
             elif verdict.status == EQUIVALENT:
@@ -533,7 +578,7 @@ def _row(r: Record) -> dict:
            "occurrence": r.mutant.occurrence, "lineno": r.mutant.lineno, "mutant": r.mutant.mutated,
            "status": r.verdict.status, "phase": r.verdict.phase, "category": r.verdict.category,
            "seconds": round(r.verdict.seconds, 3), "message": "" if r.verdict.status == KILLED else r.verdict.message,
-           "reason": r.reason}
+           "killed_by": r.verdict.exercise if r.verdict.exercise != r.mutant.exercise else "", "reason": r.reason}
     return {k: v for k, v in row.items() if v != ""}
 
 
@@ -558,6 +603,11 @@ def markdown(rep: dict) -> str:
     for e in rep["exercises"]:
         by = e["killed_by"]
         note = " (visible cases only)" if e["visible_only"] else ""
+        if e.get("shared_with"):
+            first = ", ".join(f"{n} first by {j}" for j, n in e["killed_first_by"].items())
+            note += f" (cell shared: also judged by {', '.join(e['shared_with'])}{'; ' + first if first else ''})"
+        if e.get("counted_under"):
+            note += f" (shares the answer cell of {e['counted_under']}: its mutants are counted there, judged by both)"
         lines.append(f"| {e['exercise']}{note} | {e['mutants']} | {e['killed']} ({by.get('visible', 0)} / "
                      f"{by.get('hidden', 0)} / {by.get('cell', 0) + by.get('worker', 0)}) | {e['survived']} | "
                      f"{e['equivalent']} | {e['timeouts']} | {pct(e['score'])} |"

@@ -83,10 +83,14 @@ def _watch_struct(used: set):
 
 # ---- exercises amp.fp32_to_bf16_bits and amp.fp32_to_fp16_bits: rounding with integer operations ------------------------------------
 def record_bit_ops(entry, x):
-    """Call ``entry(x)``; also report torch calls that made fp16/bf16 tensors and numpy/struct use."""
+    """Call ``entry(x)``; also report torch calls that made fp16/bf16 tensors, numpy/struct use, and whether
+    ``x`` came back changed (its bit patterns, so NaNs compare too)."""
+    import torch
+
     calls: set = set()
     low: set = set()
     used: set = set()
+    before = x.clone()
 
     def on_call(name, args, kwargs, out):
         calls.add(name)
@@ -98,7 +102,8 @@ def record_bit_ops(entry, x):
 
     with _watch_struct(used), _recorder(on_call):
         out = entry(x)
-    return {"out": out, "low_precision_made": sorted(low), "used": sorted(used)}
+    modified = not torch.equal(before.view(torch.int32), x.view(torch.int32))
+    return {"out": out, "low_precision_made": sorted(low), "used": sorted(used), "input_modified": modified}
 
 
 # ---- exercise amp.grad_scaler: GradScaler ---------------------------------------------------------------------
@@ -152,19 +157,31 @@ def make_scaler(spec):
 
 
 def train_probe(
-    entry, params, opt_spec, data, steps, dtype, scaler_spec=None, clip=None, accum=1, loss_weight=1.0
+    entry, params, opt_spec, data, steps, dtype, scaler_spec=None, clip=None, accum=1, loss_weight=1.0, frozen=()
 ):
-    """Call ``entry(params, optimizer, data, steps, dtype, scaler, clip, accum, loss_weight)``.
+    """Call ``entry(params, optimizer, data, steps, dtype, scaler, clip, accum, loss_weight)``; the optimizer
+    owns every master weight, the ``frozen`` ones (set to ``requires_grad=False``) too, as
+    ``AdamW(model.parameters())`` does.
 
     The run is on the CPU whatever device the grader uses: it is compared with a CPU autocast run to
     0.1%, and a GPU's bf16 matmuls (another summation order) would differ by more than that.
     """
     import torch
 
-    params = {n: p.detach().cpu().clone().requires_grad_(True) for n, p in params.items()}
+    params = {n: p.detach().cpu().clone().requires_grad_(n not in frozen) for n, p in params.items()}
     data = [tuple(t.cpu() for t in batch) for batch in data]
     opt = make_optimizer(params, opt_spec)
     scaler = make_scaler(scaler_spec)
+    step_grad_norms = []  # the gradient norm each real optimizer.step() saw (after unscaling and clipping)
+    real_step = opt.step
+
+    def recorded_step(*args, **kwargs):
+        with torch.no_grad():
+            norms = [torch.linalg.vector_norm(p.grad.double()) for p in params.values() if p.grad is not None]
+            step_grad_norms.append(float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0)
+        return real_step(*args, **kwargs)
+
+    opt.step = recorded_step
     matmul, loss_in = set(), set()
     autocast = [False]
     devices = {p.device.type for p in params.values()}
@@ -187,6 +204,8 @@ def train_probe(
         "matmul_dtypes": sorted(matmul),
         "loss_input_dtypes": sorted(loss_in),
         "autocast": autocast[0],
+        "final_scale": scaler.get_scale() if scaler is not None else 1.0,
+        "step_grad_norms": step_grad_norms,
     }
 
 
