@@ -225,6 +225,7 @@ def tensor_keys(device="cpu", *, requires_grad=False, inference=False, subclass=
                 conj=False, sparse=False):
     """The names of the dispatch keys of a tensor made this way."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.dispatch.keys.tensor_keys
     backend = BACKEND_OF_DEVICE[device]
     keys = {"Sparse" + backend if sparse else backend}
     if not inference:  # every non-inference tensor, requires_grad or not
@@ -359,6 +360,7 @@ def dispatch_path(tensors, *, fallthrough=(), modes=(), grad_mode=True, inferenc
                   factory_device=None):
     """The dispatch keys whose kernels run for one call of an op, in order (no PythonTLSSnapshot)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.dispatch.dispatcher.dispatch_path
     rank = {key: i for i, key in enumerate(KEY_PRIORITY)}  # 0 = highest priority
     autograd_keys = {"AutogradCPU", "AutogradCUDA", "AutogradMeta"}
     above_python = {k for k in KEY_PRIORITY if rank[k] < rank["Python"]}
@@ -527,6 +529,7 @@ class FlopCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         ### BEGIN SOLUTION
+        # twin: ptinternals.dispatch.flops.FlopCounter
         out = func(*args, **(kwargs or {}))
         self.total += self.flops(func._overloadpacket, args, out)
         return out
@@ -633,6 +636,7 @@ class GraphTracer(TorchDispatchMode):
 
     def placeholder(self, t, name):
         ### BEGIN SOLUTION
+        # twin: ptinternals.dispatch.tracing.GraphTracer
         self.nodes.append((name, "placeholder", (), {}))
         self._ref_of[t] = Ref(name)
         ### END SOLUTION
@@ -763,6 +767,7 @@ class Int8Tensor(torch.Tensor):
     @staticmethod
     def __new__(cls, int_data, scale):
         ### BEGIN SOLUTION
+        # twin: ptinternals.dispatch.quantized.Int8Tensor
         # no storage of its own: shape of the codes, logical dtype of the scales
         return torch.Tensor._make_wrapper_subclass(cls, int_data.shape, dtype=scale.dtype, device=int_data.device)
         ### END SOLUTION
@@ -885,6 +890,7 @@ print("\n".join(line.split(";")[0] for line in explanation.graphs[0].code.strip(
 def define_op(namespace):
     """Define and return f"{namespace}::fused_bias_gelu" with fake and autograd registrations."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.dispatch.custom_ops.define_fused_bias_gelu
     inv_sqrt2, inv_sqrt_2pi = 1 / math.sqrt(2), 1 / math.sqrt(2 * math.pi)
 
     @torch.library.custom_op(f"{namespace}::fused_bias_gelu", mutates_args=())
@@ -999,6 +1005,7 @@ print(detector.report())
 def estimate_memory(model_fn, input_shape, input_dtype=torch.float32, device="cuda"):
     """Bytes of one training step (AdamW), from a forward pass on fake tensors."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.dispatch.fake_memory.estimate_memory
     def nbytes(storage):
         n = storage.nbytes()
         return 512 * ((n + 511) // 512) if device == "cuda" else n
