@@ -58,7 +58,7 @@ BACKEND_OF_DEVICE = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
 
 
 class Ref:
-    """In a recorded graph ({{exercise graph_tracer}}): the value made by node `node`, or its `index`-th output."""
+    """In a recorded graph (the graph_tracer exercise): the value made by node `node`, or its `index`-th output."""
 
     __slots__ = ("node", "index")
 
@@ -349,7 +349,8 @@ draw_dispatch_path(explain_dispatch("aten::mm", "cpu", "cpu", autocast="cpu", mo
 #   set before picking; for `probe` they are `BackendSelect` and `ADInplaceOrView`);
 # * `modes`: the active dispatch modes, outermost first, each `"python"` (a plain
 #   `TorchDispatchMode` that calls `func(*args)`) or `"fake"` (a `FakeTensorMode`, always outermost,
-#   with FakeTensor inputs);
+#   with FakeTensor inputs); FakeTensors may also be used with no `"fake"` mode active (made under one
+#   earlier): then the FakeTensor subclass handles the op and enters its mode;
 # * `autocast`: `None` or `"cpu"`; `factory_device`: the `device=` of a factory call (no tensors).
 #
 # Follow the rules above with sets of key names; `KEY_PRIORITY` (setup cell) orders them, highest
@@ -393,13 +394,11 @@ def dispatch_path(tensors, *, fallthrough=(), modes=(), grad_mode=True, inferenc
             if mode == "fake":
                 return call(tensors, included | {"Meta"}, excluded | {"Python", "PythonTLSSnapshot"}, rest)
             return call(tensors, included, excluded, rest)
-        owners = [t["subclass"] for t in tensors if t.get("subclass")]
-        if not owners:
-            return run(ks - {"Python"}, tensors, included, excluded, modes)
-        if owners[0] == "fake":  # FakeTensor.__torch_dispatch__ enters its mode and calls again
+        owners = [t["subclass"] for t in tensors if t.get("subclass")]  # no mode left: a subclass handles it
+        if owners[:1] == ["fake"]:  # FakeTensor.__torch_dispatch__ enters its mode and calls again
             return call(tensors, included | {"Python", "PythonTLSSnapshot"}, excluded, ["fake"])
         inner = [dict(t, subclass=None) if t.get("subclass") == "wrapper" else t for t in tensors]
-        return call(inner, included, excluded, modes)
+        return call(inner, included, excluded, modes)  # a wrapper calls the op on its inner tensors
 
     included, excluded = {"BackendSelect", "ADInplaceOrView"}, {"AutocastCPU", "AutocastCUDA"}
     if autocast is not None:

@@ -226,9 +226,11 @@ def path_cases(draw_):
         return path_case("probe_factory", [], label="a factory function", **ctx)
     if kind == "fake":
         device = draw_(st.sampled_from(["cpu", "cuda"]))
-        ctx["modes"] = ["fake"] + draw_(st.sampled_from([[], ["python"]]))
+        outside = draw_(st.booleans())  # a FakeTensor used outside its mode: its __torch_dispatch__ enters it
+        ctx["modes"] = ([] if outside else ["fake"]) + draw_(st.sampled_from([[], ["python"]]))
         d = {"device": device, "subclass": "fake"}
-        return path_case("probe", [d, d], label="FakeTensors under FakeTensorMode", **ctx)
+        where = "outside" if outside else "under"
+        return path_case("probe", [d, d], label=f"FakeTensors {where} FakeTensorMode", **ctx)
     device = draw_(st.sampled_from(["cpu", "meta"]))
     descs = []
     for _ in range(2):
@@ -282,6 +284,8 @@ class DispatchPath(Exercise):
         "a wrapper subclass inside a dispatch mode":
             lambda c, e: c.kwargs.get("modes") and any(t.get("subclass") == "wrapper" for t in c.args[0]),
         "a dispatch mode inside FakeTensorMode": lambda c, e: c.kwargs.get("modes", [])[:2] == ["fake", "python"],
+        "FakeTensors used outside FakeTensorMode (the subclass enters its mode)": lambda c, e: any(
+            t.get("subclass") == "fake" for t in c.args[0]) and "fake" not in c.kwargs.get("modes", []),
         "FakeTensors that claim cuda": lambda c, e: any(t["device"] == "cuda" for t in c.args[0]),
         "a factory function on meta": lambda c, e: c.kwargs.get("factory_device") == "meta",
         "a factory function without a device": lambda c, e: _op_of(c) == "probe_factory" and not c.kwargs.get(
@@ -300,6 +304,7 @@ class DispatchPath(Exercise):
                       path_case("probe", [meta, meta], autocast="cpu", label="out-of-place"),
                       path_case("probe", [wrapper, wrapper], modes=["python"], grad_mode=False, label="out-of-place"),
                       path_case("probe", [fake, fake], modes=["fake", "python"], label="FakeTensors under FakeTensorMode"),
+                      path_case("probe", [fake, fake], modes=["python"], label="FakeTensors outside FakeTensorMode"),
                       path_case("probe_factory", [], modes=["python"], label="a factory function"),
                       path_case("probe_factory", [], autocast="cpu", label="a factory function")]
         return deliberate + draw(path_cases(), 80)
