@@ -925,6 +925,164 @@ check("dispatch.custom_op", define_op, hidden=True)
 show_quiz("dispatch", "q7", "q9")
 
 # %% [markdown]
+# ### The same operator in C++
+#
+# `custom_op` registers a *Python* function as the kernel: every call runs the interpreter, and its
+# body is three ATen ops, each a pass over memory. PyTorch's own operators, and the kernels of
+# libraries such as torchvision, are C++ functions registered in the same dispatch tables from C++
+# (`torch/library.h`):
+#
+# * `TORCH_LIBRARY(ns, m) { m.def("fused_bias_gelu(Tensor x, Tensor bias) -> Tensor"); }` declares the
+#   schema: the dispatcher gets an operator `ns::fused_bias_gelu` with an empty table;
+# * `TORCH_LIBRARY_IMPL(ns, CPU, m) { m.impl("fused_bias_gelu", &fused_bias_gelu_cpu); }` puts a kernel in
+#   its CPU slot (`TORCH_LIBRARY_IMPL(ns, CUDA, m)` in its CUDA slot). The kernel's C++ signature follows
+#   the schema: `Tensor` arguments arrive as `const at::Tensor&`, the result is an `at::Tensor`;
+# * inside the kernel, `AT_DISPATCH_FLOATING_TYPES(dtype, name, [&] { ... })` is a `switch` over the
+#   dtype that compiles the lambda once per floating type, with `scalar_t` the element type; one pass over
+#   the data reads `x` and `bias` and writes the output (for fp32, 8 bytes per element).
+#
+# `torch.utils.cpp_extension.load_inline(name, cpp_sources=[source], is_python_module=False)` writes the
+# source to `main.cpp` in a build folder, runs ninja and g++ into `name.so` and loads it with
+# `torch.ops.load_library`: the .so's static initialisers run the two blocks, and the op appears as
+# `torch.ops.ns.fused_bias_gelu`. The compile is the slow part: **about 10 s on a 2-core CPU** for a source
+# that includes only `torch/library.h` and a few ATen headers (`no_implicit_headers=True`), about 35 s with
+# load_inline's default `#include <torch/extension.h>` (all of ATen and pybind11). A second build of the
+# same source finds its .so and compiles nothing. What C++ cannot easily do is left to Python, as PyTorch
+# recommends: `torch.library.register_fake` and `torch.library.register_autograd` work on any operator,
+# C++ ones included. The reference builds its C++ kernel (and, on a machine with a GPU and nvcc, a CUDA
+# kernel registered at `CUDA` the same way) and shows where each slot's kernel came from:
+
+# %%
+import time  # noqa: E402
+
+from ptinternals.dispatch import cpp_op  # noqa: E402
+
+if cpp_op.compiler_missing():
+    print(f"SKIPPED: {cpp_op.compiler_missing()}: the C++ operator needs g++ and ninja (pip install ninja)")
+else:
+    with cpp_op.loaded() as cpp_gelu:
+        for key, origin in cpp_op.kernel_origin(cpp_gelu).items():
+            print(f"{key:12s}", origin.replace(cpp_op.build_root(), "<build>"))
+        print(torch.library.opcheck(cpp_gelu, (xs, bs)))
+        xt, bt = torch.randn(2048, 1024), torch.randn(1024)
+        for name, fn in [("C++ kernel", cpp_gelu), ("custom_op (Python)", fused_bias_gelu),
+                         ("F.gelu(x + bias)", lambda x, b: F.gelu(x + b))]:
+            fn(xt, bt)  # warm up
+            t0 = time.perf_counter()
+            for _ in range(5):
+                fn(xt, bt)
+            print(f"{name:20s} {(time.perf_counter() - t0) / 5 * 1e3:6.2f} ms for 2 M elements")
+
+# %% [markdown]
+# ### {{exercise cpp_op}}: the operator in C++
+#
+# Complete `FusedBiasGeluCpp`:
+#
+# * `source()` returns the C++: a kernel computing `gelu(x + bias)` with the exact GELU
+#   `0.5 * z * (1 + erf(z / sqrt(2)))` (`std::erf`) for every floating dtype, `bias` of shape
+#   `(x.shape[-1],)`, inputs of any strides (`.contiguous()` gives you dense rows); the schema in
+#   `TORCH_LIBRARY(NAMESPACE, m)` and the kernel in `TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m)`. Write the word
+#   `NAMESPACE` where the namespace goes: the grader puts a namespace of its own there, one per version
+#   of your source (a namespace can be defined once per process). Include what you use:
+#   `<torch/library.h>`, `<ATen/core/Tensor.h>`, `<ATen/Dispatch.h>`, `<ATen/ops/empty.h>`,
+#   `<ATen/Parallel.h>` (for `at::parallel_for`), `<cmath>`.
+# * `register(namespace, lib)` adds the fake kernel and the autograd formula of
+#   `f"{namespace}::fused_bias_gelu"` with `torch.library.register_fake(..., lib=lib)` and
+#   `torch.library.register_autograd(..., lib=lib)`: registrations that belong to the `Library` fragment
+#   `lib`, which the grader destroys after each case. The fake kernel must describe what your C++ returns,
+#   strides included (opcheck compares them). The backward is {{exercise custom_op}}'s: `gelu_derivative`
+#   (given in the cell) computes gelu'(z).
+#
+# The grader compiles your source with `load_inline` once per version of it (about 10 s here; checking an
+# unchanged source again reuses the build), then checks values and gradients against `F.gelu`, fake
+# tensors, the dispatch table, `opcheck` and `torch.compile`. The CPU kernel must be your compiled C++ (the
+# dispatch table says where each kernel came from) and compute gelu itself: the grader watches the ATen
+# ops your kernel calls, and `aten::gelu` is not allowed. On a machine without a C++ compiler or ninja,
+# the cell above and this check print SKIPPED and say what is missing (the grading machines have both).
+
+# %% [answer cpp_op]
+def gelu_derivative(z):
+    """gelu'(z) = Phi(z) + z * phi(z): the formula of your backward in the custom_op exercise, given here."""
+    return 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+class FusedBiasGeluCpp:
+    """fused_bias_gelu with a C++ CPU kernel: the C++ source, and the Python registrations."""
+
+    @staticmethod
+    def source():
+        """The C++ source; NAMESPACE stands for the operator's namespace."""
+        ### BEGIN SOLUTION
+        # twin: ptinternals.dispatch.cpp_op.FusedBiasGeluCpp
+        return r"""
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+at::Tensor fused_bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias) {
+  TORCH_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == x.size(-1),
+              "fused_bias_gelu: bias must have shape (x.shape[-1],)");
+  TORCH_CHECK(x.scalar_type() == bias.scalar_type(), "fused_bias_gelu: x and bias must have the same dtype");
+  const at::Tensor xc = x.contiguous(), bc = bias.contiguous();  // any strides in: rows of N, densely
+  at::Tensor out = at::empty(xc.sizes(), xc.options());            // contiguous out
+  const int64_t n = bc.numel(), total = xc.numel();
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "fused_bias_gelu_cpu", [&] {
+    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
+    const scalar_t* bp = bc.const_data_ptr<scalar_t>();
+    scalar_t* op = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, total, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const scalar_t z = xp[i] + bp[i % n];
+        op[i] = scalar_t(0.5) * z * (scalar_t(1) + std::erf(z * scalar_t(M_SQRT1_2)));
+      }
+    });
+  });
+  return out;
+}
+
+TORCH_LIBRARY(NAMESPACE, m) {
+  m.def("fused_bias_gelu(Tensor x, Tensor bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m) {
+  m.impl("fused_bias_gelu", &fused_bias_gelu_cpu);
+}
+"""
+        ### END SOLUTION
+
+    @staticmethod
+    def register(namespace, lib):
+        """The fake kernel and autograd formula of f"{namespace}::fused_bias_gelu", registered into lib."""
+        ### BEGIN SOLUTION
+        qualname = f"{namespace}::fused_bias_gelu"
+
+        def fake(x, bias):
+            return x.new_empty(x.shape)  # the C++ kernel returns a contiguous tensor
+
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*inputs)
+
+        def backward(ctx, grad_out):
+            x, bias = ctx.saved_tensors
+            grad_z = grad_out * gelu_derivative(x + bias)
+            return grad_z, grad_z.reshape(-1, grad_z.shape[-1]).sum(0)
+
+        torch.library.register_fake(qualname, fake, lib=lib)
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=lib)
+        ### END SOLUTION
+
+
+# %% [tests cpp_op]
+check("dispatch.cpp_op", FusedBiasGeluCpp)
+### BEGIN HIDDEN TESTS
+check("dispatch.cpp_op", FusedBiasGeluCpp, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
 # ## 8. Meta and fake tensors: arithmetic without data
 #
 # A **meta** tensor has shape, dtype and strides and no data; every op runs its Meta kernel, which

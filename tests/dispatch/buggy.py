@@ -136,6 +136,29 @@ BUGGY = {
             "return grad_z, grad_z.reshape(-1, grad_z.shape[-1]).sum(0)", "return grad_z, grad_z.sum(-1)")),
             "sum grad_z over every dim but the last"),
     },
+    "dispatch.cpp_op": {
+        "python_cpu_kernel": (edited("dispatch.cpp_op", (  # the C++ kernel overridden from Python
+            "        torch.library.register_fake(qualname, fake, lib=lib)\n",
+            "        torch.library.register_fake(qualname, fake, lib=lib)\n"
+            "        lib.impl(\"fused_bias_gelu\", lambda x, bias: torch.nn.functional.gelu(x + bias), \"CPU\")\n")),
+            None),
+        # Two small edits: the header of aten::gelu, and a kernel that calls it.
+        "calls_aten_gelu": (edited("dispatch.cpp_op", ("#include <ATen/ops/empty.h>\n",
+                                                       "#include <ATen/ops/empty.h>\n#include <ATen/ops/add.h>\n"
+                                                       "#include <ATen/ops/gelu.h>\n"),
+                                   ("  const int64_t n = bc.numel(), total = xc.numel();\n",
+                                    "  return at::gelu(at::add(xc, bc));\n"
+                                    "  const int64_t n = bc.numel(), total = xc.numel();\n")), None),
+        "fake_keeps_strides": (edited("dispatch.cpp_op", (
+            "return x.new_empty(x.shape)  # the C++ kernel returns a contiguous tensor", "return torch.empty_like(x)")),
+            "strides included"),
+        "no_cpu_kernel": (edited("dispatch.cpp_op", (  # the schema declared, no kernel registered
+            'TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m) {\n  m.impl("fused_bias_gelu", &fused_bias_gelu_cpu);\n}\n', "")),
+            "TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m)"),
+        "no_autograd_registration": (edited("dispatch.cpp_op", (
+            "        torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=lib)\n",
+            "")), "register_autograd"),
+    },
     "dispatch.memory_estimate": {
         "no_512_byte_rounding": (edited("dispatch.memory_estimate", (
             'return 512 * ((n + 511) // 512) if device == "cuda" else n', "return n")), "512 bytes"),

@@ -1003,6 +1003,88 @@ def _values(case: Case) -> str:
 
 
 # ================================================================================================
+# dispatch.cpp_op the same operator with a C++ kernel
+# ================================================================================================
+BANNED_KERNEL_CALLS = ("aten.gelu.default", "aten.gelu.out", "aten.gelu_.default", "aten.gelu_backward.default")
+
+
+class CppOpExercise(CustomOpExercise):
+    id, entry, points = "dispatch.cpp_op", "FusedBiasGeluCpp", 2
+    title = "the operator in C++: TORCH_LIBRARY, a CPU kernel, fake and autograd from Python"
+    probe = "ptinternals.checks.probes.dispatch:check_cpp_op"
+    timeout_s = 300.0  # one C++ build (about 10 s of g++, at most 180 s) and the cases
+
+    def visible_cases(self):
+        return [Case(((4, 6), "float64", True), label="opcheck and torch.compile(fullgraph=True) on a 4x6 input"),
+                Case(((2, 3, 5), "float32", False), label="a 3-d float32 input")]
+
+    def hidden_cases(self):
+        shapes = [(0, 3), (1,), (7,), (3, 1, 4), (2, 5)]
+        cases = [Case((s, d, False), label=op_label(s, d, False)) for s, d in zip(shapes, ["float32", "float64"] * 3)]
+        special = [((4, 3), "float32", "huge"), ((2, 5), "float64", "huge"), ((3, 4), "float32", "tiny"),
+                   ((6, 2), "float32", "nan"), ((2, 3, 4), "float32", "offset"), ((5, 3), "float64", "saturated")]
+        cases += [Case((s, d, False, v), label=op_label(s, d, False, v)) for s, d, v in special]
+        return cases + [Case(((3, 5), "float32", True), label=op_label((3, 5), "float32", True))]
+
+    def expected(self, case):
+        result = expected_custom_op(*case.args)
+        result["table"] = {"CPU": "kernel", "Meta": "kernel", "AutogradCPU": "autograd kernel"}
+        return result
+
+    def compare(self, case, got, expected):
+        if isinstance(got, dict) and "skipped" in got:
+            from .probes.cpp_build import compiler_missing
+
+            if compiler_missing() is None:  # this process can compile: so must the one that ran the case
+                return f"the case was not run ({got['skipped']}), but this machine has a C++ compiler and ninja"
+            return None
+        if not isinstance(got, dict) or "origins" not in got:
+            return f"the grader could not read your result: {describe(got)}"
+        kind, origin = got["origins"].get("CPU", ("missing", ""))
+        if origin != "your C++":
+            return (f"the CPU kernel of fused_bias_gelu is a {kind!r} registered from {origin or 'nowhere'}, not a "
+                    f"kernel compiled from your C++: register it with TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m)")
+        called = [op for op in got.get("kernel_calls", []) if op in BANNED_KERNEL_CALLS]
+        if called:
+            return (f"your C++ kernel calls {', '.join(called)}: compute gelu in the kernel itself "
+                    f"(0.5 * z * (1 + erf(z / sqrt(2))) per element)")
+        return super().compare(case, got, expected)
+
+    def summary(self, cases, results):
+        skipped = {r["skipped"] for r in results if isinstance(r, dict) and "skipped" in r}
+        return "\n".join(f"  SKIPPED: {why}: the C++ operator is built and graded only where g++ and ninja are "
+                         f"installed (the course's machines have both)" for why in sorted(skipped)) or None
+
+    def diagnose(self, case, got, expected):
+        hint = self._diagnose(case, got, expected)
+        if hint:  # the parent's hints name custom_op's API: here the registrations are torch.library's, into lib
+            hint = hint.replace("op.register_autograd(backward, setup_context=setup_context)",
+                                "torch.library.register_autograd(qualname, backward, setup_context=setup_context, "
+                                "lib=lib)").replace("@op.register_fake", "torch.library.register_fake(qualname, "
+                                                    "fake, lib=lib)").replace("torch.empty_like(x)", "x.new_empty(x.shape)")
+        return hint
+
+    def _diagnose(self, case, got, expected):
+        from ..grading._runtime import Raised
+
+        no_kernel = ("TORCH_LIBRARY only declares the schema: the kernel goes in its slot with "
+                     "TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m) { m.impl(\"fused_bias_gelu\", &your_function); }.")
+        if isinstance(got, Raised):
+            return no_kernel if "with arguments from the 'CPU' backend" in got.message else None
+        if not isinstance(got, dict) or "origins" not in got:
+            return None
+        if got["origins"].get("CPU", ("", ""))[1] != "your C++" or any(
+                op in BANNED_KERNEL_CALLS for op in got.get("kernel_calls", [])):
+            return None  # compare's message already says what is wrong, and the rest follows from it
+        opcheck = got.get("opcheck") or {}
+        if "Stride mismatch" in str(opcheck.get("test_faketensor", "")):
+            return ("the fake kernel must describe the tensor your C++ kernel returns, strides included: a "
+                    "kernel that writes a fresh contiguous tensor (at::empty(x.sizes(), x.options())) needs "
+                    "x.new_empty(x.shape), not torch.empty_like(x), which copies x's strides.")
+        return super().diagnose(case, got, expected)
+
+
+# ================================================================================================
 # dispatch.memory_estimate memory estimate with FakeTensorMode
 # ================================================================================================
 MEM_KEYS = ("parameters", "gradients", "optimizer_state", "activations", "output_shape")
@@ -1186,7 +1268,7 @@ class MemoryEstimateExercise(Exercise):
 
 
 EXERCISES = [TensorKeys(), DispatchPath(), FlopCounterExercise(), GraphTracerExercise(), Int8TensorExercise(),
-             CustomOpExercise(), MemoryEstimateExercise()]
+             CustomOpExercise(), CppOpExercise(), MemoryEstimateExercise()]
 CHAPTER = Chapter("dispatch", exercises=EXERCISES, sandbox_files=("dispatch/scaffold.py",),
                   policy_allow=("_overloadpacket", "_scaled_dot_product_flash_attention_for_cpu",
                                 "_scaled_dot_product_flash_attention_for_cpu_backward", "_make_wrapper_subclass",

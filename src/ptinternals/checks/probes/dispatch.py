@@ -16,6 +16,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ptinternals.dispatch.scaffold import Block
 
@@ -333,7 +334,14 @@ def check_custom_op(entry, shape, dtype_name: str, full: bool, values: str = "no
     if packet is None:
         raise LookupError(f"{ns}::fused_bias_gelu is not defined: define_op(namespace) must define "
                           f"f'{{namespace}}::fused_bias_gelu' with torch.library.custom_op")
-    op = packet.default
+    return op_report(packet.default, shape, dtype_name, full, values)
+
+
+def op_report(op, shape, dtype_name: str, full: bool, values: str = "normal") -> dict:
+    """What the custom-op exercises check of ``op``: eager values and gradients, the fake kernel
+    (FakeTensorMode, on 'cpu' and 'cuda'), the dispatch table, and when ``full`` also
+    ``torch.library.opcheck`` and ``torch.compile(fullgraph=True)``."""
+    ns = op.namespace
     x, bias, grad_out = op_inputs(shape, dtype_name, values=values)
     report: dict = {"out": op(x, bias)}
     xg, bg = x.detach().requires_grad_(), bias.detach().requires_grad_()
@@ -369,6 +377,70 @@ def check_custom_op(entry, shape, dtype_name: str, full: bool, values: str = "no
             report["compiled"] = compiled(x, bias)
         except Exception as e:  # noqa: BLE001
             report["compiled"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return report
+
+
+# ================================================================================================
+# Exercise dispatch.cpp_op: the same operator with a C++ kernel
+# ================================================================================================
+class _OpWatcher(TorchDispatchMode):
+    """Records the ATen ops a kernel calls: the kernel runs below the Python key (``redispatch``) while this
+    mode is active, so every op it dispatches comes through here."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def check_cpp_op(entry, shape, dtype_name: str, full: bool, values: str = "normal"):
+    """Build ``entry.source()`` (C++, once per source: ``cpp_build``), add ``entry.register(namespace, lib)``'s
+    Python registrations to a fresh ``torch.library.Library`` fragment, exercise the op as ``op_report`` does,
+    and report where its CPU kernel came from and which ATen ops that kernel calls. The fragment is
+    destroyed after the case, so the next case (or submission) registers afresh."""
+    from . import cpp_build
+
+    source, register = getattr(entry, "source", None), getattr(entry, "register", None)
+    if not callable(source) or not callable(register):
+        raise TypeError(f"{getattr(entry, '__name__', entry)!r} must be a class with `source()` (returning the C++ "
+                        f"text) and `register(namespace, lib)` (the Python registrations)")
+    text = source()
+    if not isinstance(text, str):
+        raise TypeError(f"source() must return the C++ source as a str, got {type(text).__name__}")
+    missing = cpp_build.compiler_missing()
+    if missing:  # the grader's own process says whether that may be so (CppOpExercise.compare)
+        return {"skipped": missing}
+    ns = cpp_build.build(text)
+    packet = getattr(getattr(torch.ops, ns), "fused_bias_gelu", None)
+    if packet is None:
+        raise LookupError("your C++ built, but it defines no NAMESPACE::fused_bias_gelu: declare the schema in "
+                          "TORCH_LIBRARY(NAMESPACE, m) { m.def(\"fused_bias_gelu(Tensor x, Tensor bias) -> Tensor\"); }")
+    op = packet.default
+    lib = torch.library.Library(ns, "FRAGMENT")
+    try:
+        register(ns, lib)
+        try:
+            report = op_report(op, shape, dtype_name, full, values)
+        except NotImplementedError as e:  # the dispatcher's "Could not run ...": not the stub's NotImplementedError
+            raise RuntimeError(str(e).strip().splitlines()[0]) from None
+        report["origins"] = {k: list(v) for k, v in cpp_build.kernel_origins(f"{ns}::fused_bias_gelu").items()}
+        x, bias, _ = op_inputs(shape, dtype_name, values=values)
+        watcher = _OpWatcher()
+        try:
+            with watcher:  # the CPU kernel alone, its own calls watched
+                op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), x, bias)
+        except Exception:  # noqa: BLE001  (no CPU kernel: reported by the table)
+            pass
+        report["kernel_calls"] = sorted(set(watcher.seen))
+    finally:
+        lib._destroy()
+        # The Python dispatcher (opcheck's AOT test, torch.compile) caches each key's resolved kernel on the
+        # OpOverload: a cached Autograd entry outliving the registration crashes the next case that has none.
+        getattr(op, "_dispatch_cache", {}).clear()
+        torch._dynamo.reset()  # compiled graphs may hold the registrations just destroyed
     return report
 
 
