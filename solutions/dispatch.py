@@ -58,7 +58,7 @@ BACKEND_OF_DEVICE = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
 
 
 class Ref:
-    """In a recorded graph ({{exercise graph_tracer}}): the value made by node `node`, or its `index`-th output."""
+    """In a recorded graph (the graph_tracer exercise): the value made by node `node`, or its `index`-th output."""
 
     __slots__ = ("node", "index")
 
@@ -225,6 +225,7 @@ def tensor_keys(device="cpu", *, requires_grad=False, inference=False, subclass=
                 conj=False, sparse=False):
     """The names of the dispatch keys of a tensor made this way."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.dispatch.keys.tensor_keys
     backend = BACKEND_OF_DEVICE[device]
     keys = {"Sparse" + backend if sparse else backend}
     if not inference:  # every non-inference tensor, requires_grad or not
@@ -348,7 +349,8 @@ draw_dispatch_path(explain_dispatch("aten::mm", "cpu", "cpu", autocast="cpu", mo
 #   set before picking; for `probe` they are `BackendSelect` and `ADInplaceOrView`);
 # * `modes`: the active dispatch modes, outermost first, each `"python"` (a plain
 #   `TorchDispatchMode` that calls `func(*args)`) or `"fake"` (a `FakeTensorMode`, always outermost,
-#   with FakeTensor inputs);
+#   with FakeTensor inputs); FakeTensors may also be used with no `"fake"` mode active (made under one
+#   earlier): then the FakeTensor subclass handles the op and enters its mode;
 # * `autocast`: `None` or `"cpu"`; `factory_device`: the `device=` of a factory call (no tensors).
 #
 # Follow the rules above with sets of key names; `KEY_PRIORITY` (setup cell) orders them, highest
@@ -359,6 +361,7 @@ def dispatch_path(tensors, *, fallthrough=(), modes=(), grad_mode=True, inferenc
                   factory_device=None):
     """The dispatch keys whose kernels run for one call of an op, in order (no PythonTLSSnapshot)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.dispatch.dispatcher.dispatch_path
     rank = {key: i for i, key in enumerate(KEY_PRIORITY)}  # 0 = highest priority
     autograd_keys = {"AutogradCPU", "AutogradCUDA", "AutogradMeta"}
     above_python = {k for k in KEY_PRIORITY if rank[k] < rank["Python"]}
@@ -391,13 +394,11 @@ def dispatch_path(tensors, *, fallthrough=(), modes=(), grad_mode=True, inferenc
             if mode == "fake":
                 return call(tensors, included | {"Meta"}, excluded | {"Python", "PythonTLSSnapshot"}, rest)
             return call(tensors, included, excluded, rest)
-        owners = [t["subclass"] for t in tensors if t.get("subclass")]
-        if not owners:
-            return run(ks - {"Python"}, tensors, included, excluded, modes)
-        if owners[0] == "fake":  # FakeTensor.__torch_dispatch__ enters its mode and calls again
+        owners = [t["subclass"] for t in tensors if t.get("subclass")]  # no mode left: a subclass handles it
+        if owners[:1] == ["fake"]:  # FakeTensor.__torch_dispatch__ enters its mode and calls again
             return call(tensors, included | {"Python", "PythonTLSSnapshot"}, excluded, ["fake"])
         inner = [dict(t, subclass=None) if t.get("subclass") == "wrapper" else t for t in tensors]
-        return call(inner, included, excluded, modes)
+        return call(inner, included, excluded, modes)  # a wrapper calls the op on its inner tensors
 
     included, excluded = {"BackendSelect", "ADInplaceOrView"}, {"AutocastCPU", "AutocastCUDA"}
     if autocast is not None:
@@ -527,6 +528,7 @@ class FlopCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         ### BEGIN SOLUTION
+        # twin: ptinternals.dispatch.flops.FlopCounter
         out = func(*args, **(kwargs or {}))
         self.total += self.flops(func._overloadpacket, args, out)
         return out
@@ -633,6 +635,7 @@ class GraphTracer(TorchDispatchMode):
 
     def placeholder(self, t, name):
         ### BEGIN SOLUTION
+        # twin: ptinternals.dispatch.tracing.GraphTracer
         self.nodes.append((name, "placeholder", (), {}))
         self._ref_of[t] = Ref(name)
         ### END SOLUTION
@@ -763,6 +766,7 @@ class Int8Tensor(torch.Tensor):
     @staticmethod
     def __new__(cls, int_data, scale):
         ### BEGIN SOLUTION
+        # twin: ptinternals.dispatch.quantized.Int8Tensor
         # no storage of its own: shape of the codes, logical dtype of the scales
         return torch.Tensor._make_wrapper_subclass(cls, int_data.shape, dtype=scale.dtype, device=int_data.device)
         ### END SOLUTION
@@ -885,6 +889,7 @@ print("\n".join(line.split(";")[0] for line in explanation.graphs[0].code.strip(
 def define_op(namespace):
     """Define and return f"{namespace}::fused_bias_gelu" with fake and autograd registrations."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.dispatch.custom_ops.define_fused_bias_gelu
     inv_sqrt2, inv_sqrt_2pi = 1 / math.sqrt(2), 1 / math.sqrt(2 * math.pi)
 
     @torch.library.custom_op(f"{namespace}::fused_bias_gelu", mutates_args=())
@@ -918,6 +923,164 @@ check("dispatch.custom_op", define_op, hidden=True)
 
 # %% [quiz]
 show_quiz("dispatch", "q7", "q9")
+
+# %% [markdown]
+# ### The same operator in C++
+#
+# `custom_op` registers a *Python* function as the kernel: every call runs the interpreter, and its
+# body is three ATen ops, each a pass over memory. PyTorch's own operators, and the kernels of
+# libraries such as torchvision, are C++ functions registered in the same dispatch tables from C++
+# (`torch/library.h`):
+#
+# * `TORCH_LIBRARY(ns, m) { m.def("fused_bias_gelu(Tensor x, Tensor bias) -> Tensor"); }` declares the
+#   schema: the dispatcher gets an operator `ns::fused_bias_gelu` with an empty table;
+# * `TORCH_LIBRARY_IMPL(ns, CPU, m) { m.impl("fused_bias_gelu", &fused_bias_gelu_cpu); }` puts a kernel in
+#   its CPU slot (`TORCH_LIBRARY_IMPL(ns, CUDA, m)` in its CUDA slot). The kernel's C++ signature follows
+#   the schema: `Tensor` arguments arrive as `const at::Tensor&`, the result is an `at::Tensor`;
+# * inside the kernel, `AT_DISPATCH_FLOATING_TYPES(dtype, name, [&] { ... })` is a `switch` over the
+#   dtype that compiles the lambda once per floating type, with `scalar_t` the element type; one pass over
+#   the data reads `x` and `bias` and writes the output (for fp32, 8 bytes per element).
+#
+# `torch.utils.cpp_extension.load_inline(name, cpp_sources=[source], is_python_module=False)` writes the
+# source to `main.cpp` in a build folder, runs ninja and g++ into `name.so` and loads it with
+# `torch.ops.load_library`: the .so's static initialisers run the two blocks, and the op appears as
+# `torch.ops.ns.fused_bias_gelu`. The compile is the slow part: **about 10 s on a 2-core CPU** for a source
+# that includes only `torch/library.h` and a few ATen headers (`no_implicit_headers=True`), about 35 s with
+# load_inline's default `#include <torch/extension.h>` (all of ATen and pybind11). A second build of the
+# same source finds its .so and compiles nothing. What C++ cannot easily do is left to Python, as PyTorch
+# recommends: `torch.library.register_fake` and `torch.library.register_autograd` work on any operator,
+# C++ ones included. The reference builds its C++ kernel (and, on a machine with a GPU and nvcc, a CUDA
+# kernel registered at `CUDA` the same way) and shows where each slot's kernel came from:
+
+# %%
+import time  # noqa: E402
+
+from ptinternals.dispatch import cpp_op  # noqa: E402
+
+if cpp_op.compiler_missing():
+    print(f"SKIPPED: {cpp_op.compiler_missing()}: the C++ operator needs g++ and ninja (pip install ninja)")
+else:
+    with cpp_op.loaded() as cpp_gelu:
+        for key, origin in cpp_op.kernel_origin(cpp_gelu).items():
+            print(f"{key:12s}", origin.replace(cpp_op.build_root(), "<build>"))
+        print(torch.library.opcheck(cpp_gelu, (xs, bs)))
+        xt, bt = torch.randn(2048, 1024), torch.randn(1024)
+        for name, fn in [("C++ kernel", cpp_gelu), ("custom_op (Python)", fused_bias_gelu),
+                         ("F.gelu(x + bias)", lambda x, b: F.gelu(x + b))]:
+            fn(xt, bt)  # warm up
+            t0 = time.perf_counter()
+            for _ in range(5):
+                fn(xt, bt)
+            print(f"{name:20s} {(time.perf_counter() - t0) / 5 * 1e3:6.2f} ms for 2 M elements")
+
+# %% [markdown]
+# ### {{exercise cpp_op}}: the operator in C++
+#
+# Complete `FusedBiasGeluCpp`:
+#
+# * `source()` returns the C++: a kernel computing `gelu(x + bias)` with the exact GELU
+#   `0.5 * z * (1 + erf(z / sqrt(2)))` (`std::erf`) for every floating dtype, `bias` of shape
+#   `(x.shape[-1],)`, inputs of any strides (`.contiguous()` gives you dense rows); the schema in
+#   `TORCH_LIBRARY(NAMESPACE, m)` and the kernel in `TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m)`. Write the word
+#   `NAMESPACE` where the namespace goes: the grader puts a namespace of its own there, one per version
+#   of your source (a namespace can be defined once per process). Include what you use:
+#   `<torch/library.h>`, `<ATen/core/Tensor.h>`, `<ATen/Dispatch.h>`, `<ATen/ops/empty.h>`,
+#   `<ATen/Parallel.h>` (for `at::parallel_for`), `<cmath>`.
+# * `register(namespace, lib)` adds the fake kernel and the autograd formula of
+#   `f"{namespace}::fused_bias_gelu"` with `torch.library.register_fake(..., lib=lib)` and
+#   `torch.library.register_autograd(..., lib=lib)`: registrations that belong to the `Library` fragment
+#   `lib`, which the grader destroys after each case. The fake kernel must describe what your C++ returns,
+#   strides included (opcheck compares them). The backward is {{exercise custom_op}}'s: `gelu_derivative`
+#   (given in the cell) computes gelu'(z).
+#
+# The grader compiles your source with `load_inline` once per version of it (about 10 s here; checking an
+# unchanged source again reuses the build), then checks values and gradients against `F.gelu`, fake
+# tensors, the dispatch table, `opcheck` and `torch.compile`. The CPU kernel must be your compiled C++ (the
+# dispatch table says where each kernel came from) and compute gelu itself: the grader watches the ATen
+# ops your kernel calls, and `aten::gelu` is not allowed. On a machine without a C++ compiler or ninja,
+# the cell above and this check print SKIPPED and say what is missing (the grading machines have both).
+
+# %% [answer cpp_op]
+def gelu_derivative(z):
+    """gelu'(z) = Phi(z) + z * phi(z): the formula of your backward in the custom_op exercise, given here."""
+    return 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+class FusedBiasGeluCpp:
+    """fused_bias_gelu with a C++ CPU kernel: the C++ source, and the Python registrations."""
+
+    @staticmethod
+    def source():
+        """The C++ source; NAMESPACE stands for the operator's namespace."""
+        ### BEGIN SOLUTION
+        # twin: ptinternals.dispatch.cpp_op.FusedBiasGeluCpp
+        return r"""
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+at::Tensor fused_bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias) {
+  TORCH_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == x.size(-1),
+              "fused_bias_gelu: bias must have shape (x.shape[-1],)");
+  TORCH_CHECK(x.scalar_type() == bias.scalar_type(), "fused_bias_gelu: x and bias must have the same dtype");
+  const at::Tensor xc = x.contiguous(), bc = bias.contiguous();  // any strides in: rows of N, densely
+  at::Tensor out = at::empty(xc.sizes(), xc.options());            // contiguous out
+  const int64_t n = bc.numel(), total = xc.numel();
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "fused_bias_gelu_cpu", [&] {
+    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
+    const scalar_t* bp = bc.const_data_ptr<scalar_t>();
+    scalar_t* op = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, total, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const scalar_t z = xp[i] + bp[i % n];
+        op[i] = scalar_t(0.5) * z * (scalar_t(1) + std::erf(z * scalar_t(M_SQRT1_2)));
+      }
+    });
+  });
+  return out;
+}
+
+TORCH_LIBRARY(NAMESPACE, m) {
+  m.def("fused_bias_gelu(Tensor x, Tensor bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m) {
+  m.impl("fused_bias_gelu", &fused_bias_gelu_cpu);
+}
+"""
+        ### END SOLUTION
+
+    @staticmethod
+    def register(namespace, lib):
+        """The fake kernel and autograd formula of f"{namespace}::fused_bias_gelu", registered into lib."""
+        ### BEGIN SOLUTION
+        qualname = f"{namespace}::fused_bias_gelu"
+
+        def fake(x, bias):
+            return x.new_empty(x.shape)  # the C++ kernel returns a contiguous tensor
+
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*inputs)
+
+        def backward(ctx, grad_out):
+            x, bias = ctx.saved_tensors
+            grad_z = grad_out * gelu_derivative(x + bias)
+            return grad_z, grad_z.reshape(-1, grad_z.shape[-1]).sum(0)
+
+        torch.library.register_fake(qualname, fake, lib=lib)
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=lib)
+        ### END SOLUTION
+
+
+# %% [tests cpp_op]
+check("dispatch.cpp_op", FusedBiasGeluCpp)
+### BEGIN HIDDEN TESTS
+check("dispatch.cpp_op", FusedBiasGeluCpp, hidden=True)
+### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 8. Meta and fake tensors: arithmetic without data
@@ -999,6 +1162,7 @@ print(detector.report())
 def estimate_memory(model_fn, input_shape, input_dtype=torch.float32, device="cuda"):
     """Bytes of one training step (AdamW), from a forward pass on fake tensors."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.dispatch.fake_memory.estimate_memory
     def nbytes(storage):
         n = storage.nbytes()
         return 512 * ((n + 511) // 512) if device == "cuda" else n

@@ -1,410 +1,178 @@
 """Known-buggy implementations of the dispatch chapter's exercises: each one must be rejected by its checker.
 
-Each bug is a mistake students really make; the test also checks that the failure message names a
-likely cause where the checker has one (``expect`` words). Each source replaces the whole answer cell.
+Each bug is a mistake students really make, written as the solution's answer cell plus one edit
+(``edited(exercise_id, (old, new))``: the bug is the edit a reader sees). Its second element is the
+hint the failure must give: words of its "likely cause" line, or None when no likely cause may appear
+(the checker cannot tell this mistake from its symptom, so it must not guess).
 """
+from ptinternals.grading.testing import edited
 
-_KEYS_OK = '''
-def tensor_keys(device="cpu", *, requires_grad=False, inference=False, subclass=None, functional=False,
-                conj=False, sparse=False):
-    backend = BACKEND_OF_DEVICE[device]
-    keys = {{"Sparse" + backend if sparse else backend}}
-    {autograd}
-    {autocast}
-    if subclass is not None:
-        keys |= {python}
-    if functional:
-        keys.add("Functionalize")
-    if conj:
-        keys.add("Conjugate")
-    return sorted(keys)
-'''
-
-
-def _keys(autograd='if not inference:\n        keys |= {"ADInplaceOrView", "Autograd" + backend}',
-          autocast='if backend in ("CPU", "CUDA"):\n        keys.add("Autocast" + backend)',
-          python='{"Python", "PythonTLSSnapshot"}'):
-    return _KEYS_OK.format(autograd=autograd, autocast=autocast, python=python)
-
-
-# The correct dispatch_path, with hooks the bugs below replace.
-_PATH = '''
-def dispatch_path(tensors, *, fallthrough=(), modes=(), grad_mode=True, inference_mode=False, autocast=None,
-                  factory_device=None):
-    rank = {key: i for i, key in enumerate(KEY_PRIORITY)}
-    autograd_keys = {"AutogradCPU", "AutogradCUDA", "AutogradMeta"}
-    above_python = {k for k in KEY_PRIORITY if rank[k] < rank["Python"]}
-    path = []
-
-    def call(tensors, included, excluded, modes):
-        ks = set(included)
-        for t in tensors:
-            ks |= set(tensor_keys(**t))
-        run(ks - excluded - FALLTHROUGH, tensors, included, excluded, modes)
-
-    def run(ks, tensors, included, excluded, modes):
-        key = min(ks, key=rank.__getitem__)
-        if key != "PythonTLSSnapshot":
-            path.append(key)
-        if key in ("PythonTLSSnapshot", "ADInplaceOrView") or key in autograd_keys:
-            return run({k for k in ks if rank[k] > rank[key]}, tensors, included, excluded, modes)
-        if key.startswith("Autocast"):
-            return call(tensors, included, excluded | {key}, modes)
-        if key == "BackendSelect":
-            return run({BACKEND_OF_DEVICE[factory_device or "cpu"]}, tensors, included, excluded, modes)
-        if key != "Python":
-            return
-        EXCLUDE_ABOVE_PYTHON
-        if modes:
-            mode, rest = modes[-1], modes[:-1]
-            if not rest:
-                included = included - {"Python", "PythonTLSSnapshot"}
-            if mode == "fake":
-                FAKE
-            MODE_CALL
-        owners = [t["subclass"] for t in tensors if t.get("subclass")]
-        if not owners:
-            return run(ks - {"Python"}, tensors, included, excluded, modes)
-        if owners[0] == "fake":
-            return call(tensors, included | {"Python", "PythonTLSSnapshot"}, excluded, ["fake"])
-        inner = [dict(t, subclass=None) if t.get("subclass") == "wrapper" else t for t in tensors]
-        return call(inner, included, excluded, modes)
-
-    included, excluded = {"BackendSelect", "ADInplaceOrView"}, {"AutocastCPU", "AutocastCUDA"}
-    if autocast is not None:
-        excluded = excluded - {"Autocast" + BACKEND_OF_DEVICE[autocast]}
-    if inference_mode:
-        included = included - {"ADInplaceOrView"}
-        INFERENCE_EXCLUDE
-    NO_GRAD
-    if modes:
-        included = included | {"Python", "PythonTLSSnapshot"}
-    call(tensors, included, excluded, list(modes))
-    return path
-'''
-_PATH_HOOKS = {
-    "FALLTHROUGH": "set(fallthrough)",
-    "EXCLUDE_ABOVE_PYTHON": "excluded = excluded | above_python",
-    "FAKE": 'return call(tensors, included | {"Meta"}, excluded | {"Python", "PythonTLSSnapshot"}, rest)',
-    "MODE_CALL": "return call(tensors, included, excluded, rest)",
-    "INFERENCE_EXCLUDE": "excluded = excluded | autograd_keys",
-    "NO_GRAD": "pass",
-}
-
-
-def _path(**hooks):
-    src = _PATH
-    for name, default in _PATH_HOOKS.items():
-        src = src.replace(name, hooks.get(name, default))
-    return src
-
-
-_FLOPS = '''
-class FlopCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.total = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        SKIP
-        self.total += self.flops(func._overloadpacket, args, out)
-        return out
-
-    @staticmethod
-    def flops(packet, args, out):
-        if packet is aten.mm or packet is aten.addmm:
-            a, b = ADDMM_ARGS if packet is aten.addmm else args[:2]
-            (m, k), n = a.shape, b.shape[1]
-            return FACTOR * m * k * n
-        if packet is aten.bmm or packet is aten.baddbmm:
-            a, b = args[1:3] if packet is aten.baddbmm else args[:2]
-            (batch, m, k), n = a.shape, b.shape[2]
-            return FACTOR * batch * m * k * n
-        if packet is aten.convolution:
-            x, w = args[0], args[1]
-            c_out, c_in_per_group, *kernel = w.shape
-            return FACTOR * x.shape[0] * c_out * c_in_per_group * math.prod(kernel) * math.prod(out.shape[2:])
-        if packet is ATTENTION:
-            q, k, v = args[:3]
-        elif packet is ATTENTION_BACKWARD:
-            q, k, v = args[1:4]
-        else:
-            return 0
-        b, h, s_q, d = q.shape
-        s_k, d_v = k.shape[2], v.shape[3]
-        if packet is ATTENTION:
-            return FACTOR * b * h * s_q * s_k * (d + d_v)
-        return FACTOR * b * h * s_q * s_k * BACKWARD_TERMS
-'''
-_FLOPS_HOOKS = {"SKIP": "pass", "ADDMM_ARGS": "args[-2:]", "FACTOR": "2",
-                "ATTENTION_BACKWARD": "aten._scaled_dot_product_flash_attention_for_cpu_backward",
-                "ATTENTION": "aten._scaled_dot_product_flash_attention_for_cpu",
-                "BACKWARD_TERMS": "(3 * d + 2 * d_v)"}
-
-
-def _flops(**hooks):
-    src = _FLOPS
-    for name, default in _FLOPS_HOOKS.items():  # ATTENTION_BACKWARD before ATTENTION
-        src = src.replace(name, hooks.get(name, default))
-    return src
-
-
-_TRACER = '''
-class GraphTracer(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.nodes = []
-        self._ref_of = REF_TABLE
-
-    def placeholder(self, t, name):
-        self.nodes.append((name, "placeholder", (), {}))
-        KEEP_PLACEHOLDER
-        self._ref_of[KEY(t)] = Ref(name)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        SKIP
-        name = f"{func._overloadpacket.__name__}_{len(self.nodes)}"
-        self.nodes.append((name, func, tree_map(self._ref, args), KWARGS))
-        if isinstance(out, torch.Tensor):
-            self._ref_of[KEY(out)] = Ref(name)
-        elif isinstance(out, (tuple, list)):
-            for i, o in enumerate(out):
-                if isinstance(o, torch.Tensor):
-                    self._ref_of[KEY(o)] = Ref(name, INDEX)
-        return out
-
-    def _ref(self, x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        REFS_OFF
-        if KEY(x) not in self._ref_of:
-            name = f"const_{len(self.nodes)}"
-            self.nodes.append((name, "constant", (x,), {}))
-            self._ref_of[KEY(x)] = Ref(name)
-        return self._ref_of[KEY(x)]
-
-    def output(self, *values):
-        self.nodes.append(("output", "output", tuple(self._ref(v) for v in values), {}))
-'''
-_TRACER_HOOKS = {"REF_TABLE": "WeakIdKeyDictionary()", "KEEP_PLACEHOLDER": "pass", "KEY": "", "SKIP": "pass",
-                 "KWARGS": "tree_map(self._ref, kwargs)", "INDEX": "i", "REFS_OFF": "pass"}
-
-
-def _tracer(**hooks):
-    src = _TRACER
-    for name, default in _TRACER_HOOKS.items():
-        src = src.replace(name, hooks.get(name, default))
-    return src
-
-
-_INT8 = '''
-class Int8Tensor(torch.Tensor):
-    @staticmethod
-    def __new__(cls, int_data, scale):
-        return torch.Tensor._make_wrapper_subclass(cls, int_data.shape, dtype=LOGICAL_DTYPE, device=int_data.device)
-
-    def __init__(self, int_data, scale):
-        self.int_data, self.scale = int_data, scale
-
-    @classmethod
-    def quantize(cls, w):
-        scale = SCALE
-        codes = CODES
-        return cls(codes, scale)
-
-    def dequantize(self):
-        return self.int_data.to(self.scale.dtype) * (self.scale[:, None] if self.scale.dim() else self.scale)
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if DETACH:
-            return cls(args[0].int_data, args[0].scale)
-        plain = lambda x: x.dequantize() if isinstance(x, Int8Tensor) else x
-        return func(*tree_map(plain, args), **tree_map(plain, kwargs))
-'''
-_INT8_HOOKS = {"LOGICAL_DTYPE": "scale.dtype", "SCALE": "w.abs().amax(dim=1) / 127",
-               "CODES": "torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)",
-               "DETACH": "func is aten.detach.default"}
-
-
-def _int8(**hooks):
-    src = _INT8
-    for name, default in _INT8_HOOKS.items():
-        src = src.replace(name, hooks.get(name, default))
-    return src
-
-
-_OP = '''
-def define_op(namespace):
-    inv_sqrt2, inv_sqrt_2pi = 1 / math.sqrt(2), 1 / math.sqrt(2 * math.pi)
-
-    @torch.library.custom_op(f"{namespace}::fused_bias_gelu", mutates_args=())
-    def fused_bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        z = x + bias
-        return FORWARD
-
-    FAKE_DECORATOR
-    def _(x, bias):
-        return FAKE_RESULT
-
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    def backward(ctx, grad_out):
-        x, bias = ctx.saved_tensors
-        z = x + bias
-        grad_z = grad_out * (0.5 * (1 + torch.erf(z * inv_sqrt2)) + z * torch.exp(-0.5 * z * z) * inv_sqrt_2pi)
-        return grad_z, GRAD_BIAS
-
-    REGISTER_AUTOGRAD
-    return fused_bias_gelu
-'''
-_OP_HOOKS = {"FORWARD": "0.5 * z * (1 + torch.erf(z * inv_sqrt2))", "FAKE_DECORATOR": "@fused_bias_gelu.register_fake",
-             "FAKE_RESULT": "torch.empty_like(x)", "GRAD_BIAS": "grad_z.reshape(-1, grad_z.shape[-1]).sum(0)",
-             "REGISTER_AUTOGRAD": "fused_bias_gelu.register_autograd(backward, setup_context=setup_context)"}
-
-
-def _op(**hooks):
-    src = _OP
-    for name, default in _OP_HOOKS.items():
-        src = src.replace(name, hooks.get(name, default))
-    return src
-
-
-_MEM = '''
-def estimate_memory(model_fn, input_shape, input_dtype=torch.float32, device="cuda"):
-    def nbytes(storage):
-        n = storage.nbytes()
-        return ROUNDED
-
-    with FakeTensorMode():
-        model = model_fn()
-        make = torch.empty if input_dtype.is_floating_point else torch.zeros
-        x = make(input_shape, dtype=input_dtype)
-        params = list(model.parameters())
-        trainable = TRAINABLE
-        skip = SKIP
-        saved = {}
-
-        def pack(t):
-            storage = t.untyped_storage()
-            if STORAGE_KEY not in skip:
-                saved[STORAGE_KEY] = storage
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model(x)
-    gradients = sum(nbytes(p.untyped_storage()) for p in trainable)
-    return {"parameters": sum(nbytes(p.untyped_storage()) for p in params), "gradients": gradients,
-            "optimizer_state": ADAM * gradients, "activations": sum(nbytes(s) for s in saved.values()),
-            "output_shape": tuple(out.shape)}
-'''
-_MEM_HOOKS = {"ROUNDED": '512 * ((n + 511) // 512) if device == "cuda" else n',
-              "TRAINABLE": "[p for p in params if p.requires_grad]",
-              "SKIP": "{id(t.untyped_storage()) for t in params + [x]}", "STORAGE_KEY": "id(storage)", "ADAM": "2"}
-
-
-def _mem(**hooks):
-    src = _MEM
-    for name, default in _MEM_HOOKS.items():
-        src = src.replace(name, hooks.get(name, default))
-    return src
-
+TESTS_OF_TESTS = {"hints", "twins", "boundaries"}
 
 BUGGY = {
     "dispatch.tensor_keys": {
-        "autograd_only_if_requires_grad": (_keys(
-            autograd='if requires_grad:\n        keys |= {"ADInplaceOrView", "Autograd" + backend}'),
-            "even with requires_grad=False"),
-        "autocast_on_every_device": (_keys(autocast='keys.add("Autocast" + backend)'), "no AutocastMeta"),
-        "inference_keeps_ad_inplace_or_view": (_keys(
-            autograd='keys.add("ADInplaceOrView")\n    if not inference:\n        keys.add("Autograd" + backend)'),
+        "autograd_only_if_requires_grad": (edited("dispatch.tensor_keys", (
+            "    if not inference:  # every non-inference tensor, requires_grad or not\n",
+            "    if requires_grad:\n")), "even with requires_grad=False"),
+        "autocast_on_every_device": (edited("dispatch.tensor_keys", (
+            '    if backend in ("CPU", "CUDA"):\n        keys.add("Autocast" + backend)',
+            '    keys.add("Autocast" + backend)')), "no AutocastMeta"),
+        "inference_keeps_ad_inplace_or_view": (edited("dispatch.tensor_keys", (  # "only autograd is switched off"
+            '        keys |= {"ADInplaceOrView", "Autograd" + backend}',
+            '        keys.add("Autograd" + backend)\n    keys.add("ADInplaceOrView")')),
             "neither ADInplaceOrView nor an Autograd key"),
-        "subclass_without_tls_snapshot": (_keys(python='{"Python"}'), "PythonTLSSnapshot"),
-        "sparse_as_two_keys": (_keys().replace('keys = {"Sparse" + backend if sparse else backend}',
-                                               'keys = {backend, "Sparse"} if sparse else {backend}'), "one name"),
+        "subclass_without_tls_snapshot": (edited("dispatch.tensor_keys", (
+            'keys |= {"Python", "PythonTLSSnapshot"}', 'keys |= {"Python"}')), "PythonTLSSnapshot"),
+        "sparse_as_two_keys": (edited("dispatch.tensor_keys", (
+            'keys = {"Sparse" + backend if sparse else backend}',
+            'keys = {backend, "Sparse"} if sparse else {backend}')), "one name"),
+        "autocast_only_outside_inference": (edited("dispatch.tensor_keys", (  # autocast read as part of autograd
+            '    if backend in ("CPU", "CUDA"):\n', '    if backend in ("CPU", "CUDA") and not inference:\n')),
+            "even inference tensors"),
     },
     "dispatch.dispatch_path": {
-        "no_grad_skips_autograd": (_path(NO_GRAD="if not grad_mode:\n        excluded = excluded | autograd_keys"),
-                                   "changes no key set"),
-        "fallthroughs_not_removed": (_path(FALLTHROUGH="set()"), "fallthrough"),
-        "inference_mode_only_drops_inplace_view": (_path(INFERENCE_EXCLUDE="pass"), "EXCLUDE set"),
-        "mode_call_reruns_autograd": (_path(EXCLUDE_ABOVE_PYTHON="pass"), "ABOVE Python is excluded"),
-        "one_python_step_for_all_modes": (_path(
-            MODE_CALL='return call(tensors, included - {"Python", "PythonTLSSnapshot"}, excluded, [])'),
+        "no_grad_skips_autograd": (edited("dispatch.dispatch_path", (
+            "    if modes:\n        included = included |",
+            "    if not grad_mode:\n        excluded = excluded | autograd_keys\n"
+            "    if modes:\n        included = included |")), "changes no key set"),
+        "fallthroughs_not_removed": (edited("dispatch.dispatch_path", (
+            "run(ks - excluded - set(fallthrough),", "run(ks - excluded,")), "fallthrough"),
+        "inference_mode_only_drops_inplace_view": (edited("dispatch.dispatch_path", (
+            "        excluded = excluded | autograd_keys\n", "")), "EXCLUDE set"),
+        "mode_call_reruns_autograd": (edited("dispatch.dispatch_path", (
+            "        excluded = excluded | above_python\n", "")), "ABOVE Python is excluded"),
+        "one_python_step_for_all_modes": (edited("dispatch.dispatch_path", (
+            "            return call(tensors, included, excluded, rest)",
+            '            return call(tensors, included - {"Python", "PythonTLSSnapshot"}, excluded, [])')),
             "each TorchDispatchMode"),
-        "fake_mode_runs_the_device_kernel": (_path(
-            FAKE='return call(tensors, included, excluded | {"Python", "PythonTLSSnapshot"}, rest)'), "meta kernel"),
+        "fake_mode_runs_the_device_kernel": (edited("dispatch.dispatch_path", (
+            'included | {"Meta"}', "included")), "meta kernel"),
+        "autocast_left_excluded": (edited("dispatch.dispatch_path", (  # autocast thought to ADD the key
+            '        excluded = excluded - {"Autocast" + BACKEND_OF_DEVICE[autocast]}',
+            '        included = included | {"Autocast" + BACKEND_OF_DEVICE[autocast]}')), "REMOVES AutocastCPU"),
+        "mode_keeps_python_included": (edited("dispatch.dispatch_path", (  # the last mode leaves Python on
+            '            if not rest:\n                included = included - {"Python", "PythonTLSSnapshot"}\n', "")),
+            None),
     },
     "dispatch.flop_counter": {
-        "no_factor_2": (_flops(FACTOR="1"), "2 FLOPs"),
-        "cpu_attention_counts_zero": (_flops(ATTENTION="None", ATTENTION_BACKWARD="None"),
-                                      "attention counts 0"),
-        "forgets_backward": (_flops(SKIP="if not torch.is_grad_enabled():\n            return out"),
-                             "only the forward pass"),
-        "attention_backward_like_forward": (_flops(BACKWARD_TERMS="(d + d_v)"), "recomputes Q K^T"),
-        "addmm_reads_the_bias": (_flops(ADDMM_ARGS="args[:2]"), None),
-        "wraps_flop_counter_mode": ("""
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count, sdpa_backward_flop_count
-
-
-class FlopCounter(FlopCounterMode):
-    def __init__(self):
-        super().__init__(display=False, custom_mapping={
-            aten._scaled_dot_product_flash_attention_for_cpu:
-                lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v),
-            aten._scaled_dot_product_flash_attention_for_cpu_backward:
-                lambda g, q, k, v, *a, out_shape=None, **kw: sdpa_backward_flop_count(g, q, k, v)})
-
-    @property
-    def total(self):
-        return self.get_total_flops()
-""", None),
+        "no_factor_2_in_mm": (edited("dispatch.flop_counter", (
+            "return 2 * m * k * n  #", "return m * k * n  #")), "2 FLOPs"),
+        "cpu_attention_counts_zero": (edited("dispatch.flop_counter", (  # only the ops of the first rows counted
+            "math.prod(out.shape[2:])\n", "math.prod(out.shape[2:])\n        return 0\n")),
+            "attention counts 0"),
+        "forgets_backward": (edited("dispatch.flop_counter", (
+            "        out = func(*args, **(kwargs or {}))\n",
+            "        out = func(*args, **(kwargs or {}))\n"
+            "        if not torch.is_grad_enabled():  # a backward op, surely nothing to count\n"
+            "            return out\n")), "only the forward pass"),
+        "attention_backward_like_forward": (edited("dispatch.flop_counter", (
+            "(3 * d + 2 * d_v)", "(d + d_v)")), "recomputes Q K^T"),
+        "addmm_reads_the_bias": (edited("dispatch.flop_counter", ("args[-2:] if packet", "args[:2] if packet")), None),
+        "uses_torchs_formulas": (edited("dispatch.flop_counter", (  # the grader empties torch's table: 0 FLOPs
+            "        self.total += self.flops(func._overloadpacket, args, out)\n",
+            "        from torch.utils.flop_counter import flop_registry\n"
+            "        if func._overloadpacket in flop_registry:\n"
+            "            self.total += flop_registry[func._overloadpacket](*args, **(kwargs or {}), out_val=out)\n")),
+            None),
+        "conv_ignores_groups": (edited("dispatch.flop_counter", (  # c_in read from the input, not the weight
+            "c_out, c_in_per_group, *kernel = w.shape", "c_out, _, *kernel = w.shape\n"
+            "            c_in_per_group = x.shape[1]")), "c_in/groups"),
     },
     "dispatch.graph_tracer": {
-        "stores_traced_tensors": (_tracer(REFS_OFF="return x"), "TRACED run's numbers"),
-        "one_ref_for_all_outputs": (_tracer(INDEX="None"), "Ref('native_layer_norm"),
-        "drops_kwargs": (_tracer(KWARGS="{}"), "approximate"),
-        "skips_backward_ops": (_tracer(SKIP="if not torch.is_grad_enabled():\n            return out"),
-                               "including the backward ones"),
-        "constants_as_placeholders": (_tracer().replace('self.nodes.append((name, "constant", (x,), {}))',
-                                                        'self.nodes.append((name, "placeholder", (), {}))'),
-                                      "'constant' node"),
+        "stores_traced_tensors": (edited("dispatch.graph_tracer", (
+            "        if x not in self._ref_of:  # neither", "        return x\n        if x not in self._ref_of:  # neither")),
+            "TRACED run's numbers"),
+        "one_ref_for_all_outputs": (edited("dispatch.graph_tracer", (
+            "self._ref_of[o] = Ref(name, i)", "self._ref_of[o] = Ref(name)")), "Ref(node, i)"),
+        "drops_kwargs": (edited("dispatch.graph_tracer", (
+            "tree_map(self._ref, args), tree_map(self._ref, kwargs))", "tree_map(self._ref, args), {})")),
+            "approximate"),
+        "skips_backward_ops": (edited("dispatch.graph_tracer", (
+            "        out = func(*args, **kwargs)\n",
+            "        out = func(*args, **kwargs)\n        if not torch.is_grad_enabled():\n            return out\n")),
+            "including the backward ones"),
+        "constants_as_placeholders": (edited("dispatch.graph_tracer", (
+            'self.nodes.append((name, "constant", (x,), {}))', 'self.nodes.append((name, "placeholder", (), {}))')),
+            "'constant' node"),
     },
     "dispatch.int8_tensor": {
-        "detach_dequantizes": (_int8(DETACH="False"), "detach()"),
-        "truncates_instead_of_rounding": (_int8(CODES="(w / scale[:, None]).clamp(-127, 127).to(torch.int8)"),
-                                          "do not truncate"),
-        "one_scale_per_tensor": (_int8(SCALE="w.abs().amax() / 127",
-                                       CODES="torch.round(w / scale).clamp(-127, 127).to(torch.int8)"),
+        "detach_dequantizes": (edited("dispatch.int8_tensor", (
+            "        if func is aten.detach.default:  # nn.Parameter(t) calls t.detach()\n"
+            "            return cls(args[0].int_data, args[0].scale)\n", "")), "detach()"),
+        "truncates_instead_of_rounding": (edited("dispatch.int8_tensor", (
+            "torch.round(w / scale[:, None])", "(w / scale[:, None])")), "do not truncate"),
+        # Two small edits: one scale for the whole tensor, used to quantise as well.
+        "one_scale_per_tensor": (edited("dispatch.int8_tensor", ("w.abs().amax(dim=1) / 127", "w.abs().amax() / 127"),
+                                        ("torch.round(w / scale[:, None])", "torch.round(w / scale)")),
                                  "one scale per OUTPUT row"),
-        "scale_over_128": (_int8(SCALE="w.abs().amax(dim=1) / 128"), "max(|w|) over each row / 127"),
-        "int8_as_logical_dtype": (_int8(LOGICAL_DTYPE="torch.int8"), "LOGICAL dtype"),
+        "scale_over_128": (edited("dispatch.int8_tensor", ("w.abs().amax(dim=1) / 127", "w.abs().amax(dim=1) / 128")),
+                           "over each row / 127"),
+        "int8_as_logical_dtype": (edited("dispatch.int8_tensor", (
+            "dtype=scale.dtype, device=int_data.device)", "dtype=int_data.dtype, device=int_data.device)")),
+            "LOGICAL dtype"),
+        "rounds_half_away_from_zero": (edited("dispatch.int8_tensor", (  # the school rule, not torch's
+            "torch.round(w / scale[:, None])",
+            "(w / scale[:, None]).abs().add(0.5).floor().copysign(w)")), "half to even"),
+        "clamps_to_128": (edited("dispatch.int8_tensor", (".clamp(-127, 127)", ".clamp(-128, 127)")), None),
+        "quantizes_in_place": (edited("dispatch.int8_tensor", (  # divides the caller's weight in place
+            "codes = torch.round(w / scale[:, None])", "codes = torch.round(w.div_(scale[:, None]))")),
+            "modified the weight"),
     },
     "dispatch.custom_op": {
-        "fake_wrong_shape": (_op(FAKE_RESULT="x.new_empty(x.shape[:-1])"), "SHAPE"),
-        "fake_wrong_dtype": (_op(FAKE_RESULT="torch.empty_like(x, dtype=torch.float32)"), "DTYPE"),
-        "no_autograd_registration": (_op(REGISTER_AUTOGRAD="pass"), "register_autograd"),
-        "forgets_grad_out": (_op().replace("grad_z = grad_out * (", "grad_z = (")
-                             .replace("return grad_z, grad_z.reshape", "return grad_z.expand_as(grad_out), grad_z.reshape"),
-                             "chain rule"),
-        "no_fake_kernel": (_op(FAKE_DECORATOR="", FAKE_RESULT="torch.empty_like(x)").replace(
-            "\n    \n    def _(x, bias)", "\n    def _(x, bias)"), "register_fake"),
-        "tanh_approximation": (_op(FORWARD="0.5 * z * (1 + torch.tanh(0.7978845608 * (z + 0.044715 * z ** 3)))"),
-                               None),
+        "fake_wrong_shape": (edited("dispatch.custom_op", (
+            "return torch.empty_like(x)  # metadata only", "return x.new_empty(x.shape[:-1])")), "SHAPE"),
+        "fake_wrong_dtype": (edited("dispatch.custom_op", (
+            "return torch.empty_like(x)  # metadata only", "return torch.empty_like(x, dtype=torch.float32)")),
+            "DTYPE"),
+        "no_autograd_registration": (edited("dispatch.custom_op", (
+            "    fused_bias_gelu.register_autograd(backward, setup_context=setup_context)\n", "")),
+            "register_autograd"),
+        "forgets_grad_out": (edited("dispatch.custom_op", ("grad_z = grad_out * (", "grad_z = (")), "chain rule"),
+        "no_fake_kernel": (edited("dispatch.custom_op", ("    @fused_bias_gelu.register_fake\n", "")), "register_fake"),
+        "tanh_approximation": (edited("dispatch.custom_op", (
+            "return 0.5 * z * (1 + torch.erf(z * inv_sqrt2))",
+            "return 0.5 * z * (1 + torch.tanh(0.7978845608 * (z + 0.044715 * z ** 3)))")), None),
+        "bias_grad_summed_over_features": (edited("dispatch.custom_op", (
+            "return grad_z, grad_z.reshape(-1, grad_z.shape[-1]).sum(0)", "return grad_z, grad_z.sum(-1)")),
+            "sum grad_z over every dim but the last"),
+    },
+    "dispatch.cpp_op": {
+        "python_cpu_kernel": (edited("dispatch.cpp_op", (  # the C++ kernel overridden from Python
+            "        torch.library.register_fake(qualname, fake, lib=lib)\n",
+            "        torch.library.register_fake(qualname, fake, lib=lib)\n"
+            "        lib.impl(\"fused_bias_gelu\", lambda x, bias: torch.nn.functional.gelu(x + bias), \"CPU\")\n")),
+            None),
+        # Two small edits: the header of aten::gelu, and a kernel that calls it.
+        "calls_aten_gelu": (edited("dispatch.cpp_op", ("#include <ATen/ops/empty.h>\n",
+                                                       "#include <ATen/ops/empty.h>\n#include <ATen/ops/add.h>\n"
+                                                       "#include <ATen/ops/gelu.h>\n"),
+                                   ("  const int64_t n = bc.numel(), total = xc.numel();\n",
+                                    "  return at::gelu(at::add(xc, bc));\n"
+                                    "  const int64_t n = bc.numel(), total = xc.numel();\n")), None),
+        "fake_keeps_strides": (edited("dispatch.cpp_op", (
+            "return x.new_empty(x.shape)  # the C++ kernel returns a contiguous tensor", "return torch.empty_like(x)")),
+            "strides included"),
+        "no_cpu_kernel": (edited("dispatch.cpp_op", (  # the schema declared, no kernel registered
+            'TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m) {\n  m.impl("fused_bias_gelu", &fused_bias_gelu_cpu);\n}\n', "")),
+            "TORCH_LIBRARY_IMPL(NAMESPACE, CPU, m)"),
+        "no_autograd_registration": (edited("dispatch.cpp_op", (
+            "        torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=lib)\n",
+            "")), "register_autograd"),
     },
     "dispatch.memory_estimate": {
-        "no_512_byte_rounding": (_mem(ROUNDED="n"), "512 bytes"),
-        "adam_keeps_one_copy": (_mem(ADAM="1"), "TWO tensors"),
-        "gradients_for_frozen_parameters": (_mem(TRAINABLE="params"), "requires_grad=True"),
-        "storages_by_data_ptr": (_mem(STORAGE_KEY="storage.data_ptr()"), "id(t.untyped_storage())"),
-        "parameters_counted_as_activations": (_mem(SKIP="{id(x.untyped_storage())}"), "leave out the parameters"),
+        "no_512_byte_rounding": (edited("dispatch.memory_estimate", (
+            'return 512 * ((n + 511) // 512) if device == "cuda" else n', "return n")), "512 bytes"),
+        "adam_keeps_one_copy": (edited("dispatch.memory_estimate", (
+            '"optimizer_state": 2 * gradients', '"optimizer_state": gradients')), "TWO tensors"),
+        "gradients_for_frozen_parameters": (edited("dispatch.memory_estimate", (
+            "trainable = [p for p in params if p.requires_grad]", "trainable = params")), "requires_grad=True"),
+        "storages_by_data_ptr": (edited("dispatch.memory_estimate", (
+            "            if id(storage) not in skip:\n                saved[id(storage)] = storage",
+            "            if storage.data_ptr() not in skip:\n                saved[storage.data_ptr()] = storage")),
+            "id(t.untyped_storage())"),
+        "parameters_counted_as_activations": (edited("dispatch.memory_estimate", (
+            "skip = {id(t.untyped_storage()) for t in params + [x]}", "skip = {id(x.untyped_storage())}")),
+            "leave out the parameters"),
     },
 }
 

@@ -45,7 +45,7 @@ from .keys import (
     tensor_key_set,
     tls_key_sets,
 )
-from .operator_entry import Kernel, dispatch_table_from_torch, non_fallthrough_keys
+from .operator_entry import MODELLED_KEYS, Kernel, dispatch_table_from_torch, non_fallthrough_keys
 
 MODE_KINDS = ("python", "fake")  # a plain TorchDispatchMode that calls func(*args); FakeTensorMode
 SUBCLASS_KINDS = ("wrapper", "fake")  # a wrapper subclass that unwraps; FakeTensor
@@ -332,4 +332,20 @@ def predict_dispatch(op, *tensors, table=None, modes=(), grad_mode: bool = True,
                                             factory_device=factory_device)]
 
 
-__all__ = ["TensorDesc", "DispatchStep", "DispatchError", "explain_dispatch", "predict_dispatch", "BACKENDS"]
+def dispatch_path(tensors, *, fallthrough=(), modes=(), grad_mode: bool = True, inference_mode: bool = False,
+                  autocast=None, factory_device: str | None = None) -> list[str]:
+    """``predict_dispatch`` for an operator that has a kernel at every key this chapter follows, a
+    fallthrough at each key of ``fallthrough`` (like the chapter's probe operators), and an autograd
+    kernel (not a decomposition) at the Autograd keys; ``PythonTLSSnapshot`` left out of the path (the
+    probes cannot observe it). ``tensors``: a list of tensor descriptions (dicts of TensorDesc fields)."""
+    if isinstance(fallthrough, str) or not all(isinstance(k, str) for k in fallthrough):
+        raise TypeError(f"fallthrough must be a collection of key names, got {fallthrough!r}")
+    table = {key: "fallthrough" if key in fallthrough else
+             "autograd kernel" if key.startswith("Autograd") else "kernel"
+             for key in MODELLED_KEYS if key != "Undefined"}
+    path = predict_dispatch("ptinternals_probe::op", *tensors, table=table, modes=modes, grad_mode=grad_mode,
+                            inference_mode=inference_mode, autocast=autocast, factory_device=factory_device)
+    return [key for key in path if key != "PythonTLSSnapshot"]
+
+
+__all__ = ["TensorDesc", "DispatchStep", "DispatchError", "explain_dispatch", "predict_dispatch", "dispatch_path", "BACKENDS"]

@@ -115,6 +115,21 @@ def estimate_training_memory(model_fn, input_shape, device: str = "cuda", dtype:
     return result
 
 
+def estimate_memory(model_fn, input_shape, input_dtype: torch.dtype = torch.float32, device: str = "cuda") -> dict:
+    """The chapter exercise's estimate: ``parameters``, ``gradients``, ``optimizer_state`` (AdamW),
+    ``activations`` (bytes) and ``output_shape`` of one training step of ``model_fn()`` on an input of
+    ``input_shape`` and ``input_dtype``, traced on fake CPU tensors in the model's own dtypes, each storage
+    rounded to 512 bytes when ``device`` is cuda (``training_step_memory`` does the accounting)."""
+    if not isinstance(input_dtype, torch.dtype):
+        raise TypeError(f"input_dtype must be a torch.dtype, got {input_dtype!r}")
+    with FakeTensorMode():
+        model = model_fn()
+        make = torch.empty if input_dtype.is_floating_point else torch.zeros
+        x = make(tuple(input_shape), dtype=input_dtype)
+        step = training_step_memory(model, x, round_to_cuda=torch.device(device).type == "cuda")
+    return {k: step[k] for k in ("parameters", "gradients", "optimizer_state", "activations", "output_shape")}
+
+
 def training_step_memory(model: torch.nn.Module, x: torch.Tensor, *, optimizer_fn=None, loss_fn=None,
                          round_to_cuda: bool = False) -> dict:
     """Run two training steps of ``model`` on ``x`` (real or fake tensors) and account for the second.
@@ -154,7 +169,8 @@ def training_step_memory(model: torch.nn.Module, x: torch.Tensor, *, optimizer_f
         tracker.track(x, *model.parameters(), *model.buffers(), *state)
         baseline = tracker.live_bytes
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = loss_fn(model(x))
+            out = model(x)
+            loss = loss_fn(out)
         peak_forward = tracker.peak_bytes
         loss.backward()
         grads = [p.grad for p in params]
@@ -168,11 +184,12 @@ def training_step_memory(model: torch.nn.Module, x: torch.Tensor, *, optimizer_f
         "baseline": baseline,          # live before the step: params, buffers, optimizer state, input
         "peak_forward": peak_forward,
         "peak": tracker.peak_bytes,
+        "output_shape": tuple((out[0] if isinstance(out, (tuple, list)) else out).shape),
     }
     if real_cuda:
         torch.cuda.synchronize()
         result["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated())
-    del loss, grads
+    del loss, grads, out
     opt.zero_grad(set_to_none=True)
     return result
 

@@ -403,6 +403,19 @@ def tensor_key_set(device: str = "cpu", *, functionality: str = "Dense", inferen
     return ks
 
 
+def tensor_keys(device: str = "cpu", *, requires_grad: bool = False, inference: bool = False,
+                subclass: str | None = None, functional: bool = False, conj: bool = False,
+                sparse: bool = False) -> list[str]:
+    """The names of the runtime keys of a tensor made this way, sorted: ``tensor_key_set`` with the
+    description of the chapter's first exercise (``subclass``: None, "wrapper" or "fake"; ``sparse``: a
+    sparse COO layout). ``requires_grad`` changes nothing, as in ``TensorImpl``."""
+    if subclass not in (None, "wrapper", "fake"):
+        raise ValueError(f"subclass must be None, 'wrapper' or 'fake', got {subclass!r}")
+    ks = tensor_key_set(device, functionality="Sparse" if sparse else "Dense", inference=inference,
+                        python=subclass is not None, functional=functional, conj=conj)
+    return sorted(ks)
+
+
 @dataclass(frozen=True)
 class LocalDispatchKeySet:
     """``c10::impl::LocalDispatchKeySet``: the thread-local keys added to (included) and removed

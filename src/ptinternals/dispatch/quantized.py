@@ -109,6 +109,34 @@ class QuantizedTensor(torch.Tensor):
         return func(*tree_map(deq, args), **tree_map(deq, kwargs))
 
 
+class Int8Tensor(QuantizedTensor):
+    """The chapter exercise's int8 weight: a ``QuantizedTensor`` with one scale per OUTPUT row (axis 0),
+    made as ``Int8Tensor(int_data, scale)`` with the logical dtype of ``scale``.
+
+    ``quantize`` differs from ``QuantizedTensor.quantize`` in one place: an all-zero row keeps scale 0
+    (max|w| / 127, as ``torch.quantize_per_channel`` is asked for) instead of the smallest normal float,
+    and its codes are 0; so a row of subnormal weights is quantised with its own, subnormal, scale."""
+
+    @staticmethod
+    def __new__(cls, int_data: torch.Tensor, scale: torch.Tensor, axis: int | None = 0,
+                dtype: torch.dtype | None = None):
+        return QuantizedTensor.__new__(cls, int_data, scale, axis, scale.dtype if dtype is None else dtype)
+
+    def __init__(self, int_data, scale, axis=0, dtype=None):
+        super().__init__(int_data, scale, axis, dtype)
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> "Int8Tensor":
+        """scale = max|w[row]| / 127 per row; codes = round(w / scale) (half to even) in [-127, 127]."""
+        if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() != 2:
+            raise TypeError(f"w must be a 2-d floating-point tensor, got {getattr(w, 'shape', type(w).__name__)}")
+        w = w.detach()
+        scale = w.abs().amax(dim=1) / QMAX                                   # (out,)
+        divisor = torch.where(scale > 0, scale, torch.ones_like(scale))      # 0 / 1 = 0 for an all-zero row
+        q = torch.round(w / divisor[:, None]).clamp(-QMAX, QMAX).to(torch.int8)
+        return cls(q, scale)
+
+
 def _broadcast(scale: torch.Tensor, axis: int | None, ndim: int) -> torch.Tensor:
     """Reshape a per-channel scale [C] to broadcast along ``axis`` of an ``ndim`` tensor."""
     if axis is None:
@@ -119,7 +147,7 @@ def _broadcast(scale: torch.Tensor, axis: int | None, ndim: int) -> torch.Tensor
 
 
 def _rewrap(qt: QuantizedTensor, int_data: torch.Tensor, axis) -> QuantizedTensor:
-    return QuantizedTensor(int_data, qt.scale, axis, qt.dtype)
+    return type(qt)(int_data, qt.scale, axis, qt.dtype)  # a subclass (Int8Tensor) stays itself
 
 
 def _detach(qt, *a, **k):

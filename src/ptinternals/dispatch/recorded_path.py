@@ -13,7 +13,9 @@ dispatcher chose - to a log and then does what PyTorch's own kernel at that key 
 - ``BackendSelect`` (factory probe only): like ``RegisterBackendSelect.cpp``, redispatch to the backend
   of ``device=``.
 
-Python-key steps are logged by ``PathLoggingMode``, ``LoggedFakeTensorMode`` and ``ProbeWrapper``.
+Python-key steps are logged by ``PathLoggingMode``, ``LoggedFakeTensorMode``, ``ProbeWrapper`` and, while a
+recording runs, by FakeTensor's own ``__torch_dispatch__`` (the subclass step of a FakeTensor used outside
+its mode).
 PythonTLSSnapshot runs as a C++ fallback we must not replace, so the recorded path omits it.
 """
 from __future__ import annotations
@@ -143,6 +145,26 @@ def _logged_fake_mode():
     return LoggedFakeTensorMode()
 
 
+@contextlib.contextmanager
+def _logged_fake_tensor_dispatch():
+    """Log FakeTensor's own ``__torch_dispatch__`` (the subclass step of a FakeTensor used OUTSIDE its
+    FakeTensorMode: it enters the mode and calls the op again) for the duration of one recording."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = FakeTensor.__dict__["__torch_dispatch__"]
+
+    def logged(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "namespace", None) == NAMESPACE:
+            _log("Python")
+        return original.__func__(cls, func, types, args, kwargs if kwargs is not None else {})
+
+    FakeTensor.__torch_dispatch__ = classmethod(logged)
+    try:
+        yield
+    finally:
+        FakeTensor.__torch_dispatch__ = original
+
+
 class ProbeWrapper(torch.Tensor):
     """A minimal wrapper subclass: logs "Python" for probe ops, unwraps and calls ``func`` on the inside."""
 
@@ -235,6 +257,8 @@ def record_dispatch_steps(name: str, *tensors, modes=(), grad_mode: bool = True,
     _LOG.clear()
     _KEYSETS.clear()
     with contextlib.ExitStack() as stack:
+        if fake_mode is not None:
+            stack.enter_context(_logged_fake_tensor_dispatch())
         stack.enter_context(torch.set_grad_enabled(grad_mode))
         if inference_mode:
             stack.enter_context(torch.inference_mode())

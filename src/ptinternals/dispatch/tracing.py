@@ -175,6 +175,30 @@ class AtenTracer(TorchDispatchMode):
         self.graph.nodes.append(Node("output", "output", "output", (tuple(self.ref(v) for v in values),)))
 
 
+class GraphTracer(AtenTracer):
+    """The tracer of the chapter's exercise, as an ``AtenTracer``: ``placeholder(t, name)`` names an input,
+    ``output(*values)`` ends the graph, and ``nodes`` lists ``(name, target, args, kwargs)`` tuples, where
+    ``target`` is ``"placeholder"``, ``"constant"`` (``args = (tensor,)``: a tensor the graph neither made
+    nor took as an input), an ``OpOverload``, or ``"output"`` (``args``: the Refs of the returned values)."""
+
+    def placeholder(self, t: torch.Tensor, name: str) -> None:
+        self.input(t, name)
+
+    @property
+    def nodes(self) -> list[tuple]:
+        out = []
+        for n in self.graph.nodes:
+            if n.op == "placeholder" and n.name in self.graph.constants:
+                out.append((n.name, "constant", (self.graph.constants[n.name],), {}))
+            elif n.op == "placeholder":
+                out.append((n.name, "placeholder", (), {}))
+            elif n.op == "call_function":
+                out.append((n.name, n.target, n.args, n.kwargs))
+            else:
+                out.append((n.name, "output", tuple(n.args[0]), {}))
+        return out
+
+
 def _dt(t: torch.Tensor) -> str:
     short = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
              torch.int64: "i64", torch.int32: "i32", torch.bool: "b8", torch.int8: "i8"}

@@ -16,6 +16,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ptinternals.dispatch.scaffold import Block
 
@@ -227,23 +228,46 @@ def train_step(model, x, target, lr):
     return out, loss
 
 
+def quantize_only(entry, w: torch.Tensor) -> dict:
+    """``entry.quantize(w)`` on one weight (special values, odd layouts): the codes, the scales, the
+    dequantised weight, the class after ``nn.Parameter`` (which detaches), and whether ``w`` was modified."""
+    before = w.clone()
+    q = entry.quantize(w)
+    param = nn.Parameter(q, requires_grad=False)
+    dequantize = getattr(q, "dequantize", None)
+    return {"types": [type(param).__name__], "dtypes": [str(q.dtype).replace("torch.", "")],
+            "int_data": [getattr(q, "int_data", None)], "scale": [getattr(q, "scale", None)],
+            "dequantized": dequantize() if callable(dequantize) else None,
+            "w_modified": not torch.allclose(w, before, rtol=0, atol=0, equal_nan=True)}
+
+
 def train_quantized(entry, spec):
-    """Quantise every Linear weight with ``entry.quantize``, freeze it, train one step, report."""
+    """Quantise every Linear weight with ``entry.quantize``, freeze it, train one step, report. A case that
+    is a weight tensor instead of a model spec quantises that weight only (``quantize_only``).
+
+    A failure after quantising (in the forward, backward or step) is reported as ``train_error``, with the
+    codes and scales already read: the checker then judges the quantisation first."""
+    if isinstance(spec, torch.Tensor):
+        return quantize_only(entry, spec)
     model, x, target = quantized_model(spec)
     linears = [m for m in model if isinstance(m, nn.Linear)]
     for m in linears:
         m.weight = nn.Parameter(entry.quantize(m.weight.detach()), requires_grad=False)
-    types = [type(m.weight).__name__ for m in linears]
-    dtypes = [str(m.weight.dtype).replace("torch.", "") for m in linears]
-    int_data = [getattr(m.weight, "int_data", None) for m in linears]
-    scale = [getattr(m.weight, "scale", None) for m in linears]
-    out, loss = train_step(model, x, target, spec[-1])
-    trainable = [p.detach() for p in model.parameters() if p.requires_grad]
-    with torch.no_grad():
-        out_after = model(x)  # the frozen int8 weights must still work after the step
-    return {"types": types, "int_data": int_data, "scale": scale, "out": out.detach(), "loss": loss.detach(),
-            "x_grad": x.grad, "trainable_after": trainable, "out_after_step": out_after,
-            "types_after": [type(m.weight).__name__ for m in linears], "dtypes": dtypes}
+    report = {"types": [type(m.weight).__name__ for m in linears],
+              "dtypes": [str(m.weight.dtype).replace("torch.", "") for m in linears],
+              "int_data": [getattr(m.weight, "int_data", None) for m in linears],
+              "scale": [getattr(m.weight, "scale", None) for m in linears]}
+    try:
+        out, loss = train_step(model, x, target, spec[-1])
+        trainable = [p.detach() for p in model.parameters() if p.requires_grad]
+        with torch.no_grad():
+            out_after = model(x)  # the frozen int8 weights must still work after the step
+    except Exception as e:  # noqa: BLE001  (reported: the quantisation is judged first)
+        report["train_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        return report
+    report.update({"out": out.detach(), "loss": loss.detach(), "x_grad": x.grad, "trainable_after": trainable,
+                   "out_after_step": out_after, "types_after": [type(m.weight).__name__ for m in linears]})
+    return report
 
 
 # ================================================================================================
@@ -269,18 +293,38 @@ def dispatch_kinds(qualname: str, keys=("CPU", "Meta", "AutogradCPU")) -> dict[s
     return out
 
 
-def op_inputs(shape, dtype_name: str, seed: int = 0):
+OP_VALUES = ("normal", "huge", "tiny", "offset", "saturated", "nan")
+
+
+def op_inputs(shape, dtype_name: str, seed: int = 0, values: str = "normal"):
+    """x, bias and grad_out for the custom-op exercises. ``values``: "normal" (standard normal), "huge"
+    (|x|, |bias| up to about a quarter of the dtype's max), "tiny" (subnormal), "offset" (1000 plus a
+    spread of 0.01), "saturated" (|z| >= 20: gelu is z or -0) or "nan" (every third element of x NaN)."""
+    if values not in OP_VALUES:
+        raise ValueError(f"values must be one of {OP_VALUES}, got {values!r}")
     dtype = getattr(torch, dtype_name)
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    bias = torch.randn(shape[-1], generator=g, dtype=torch.float64)
+    grad_out = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    info = torch.finfo(dtype)
+    if values == "huge":
+        x, bias = x * (info.max / 16), bias * (info.max / 16)
+    elif values == "tiny":
+        x, bias = x * (info.tiny / 8), bias * (info.tiny / 8)
+    elif values == "offset":
+        x, bias = 1000 + 0.01 * x, 0.01 * bias
+    elif values == "saturated":
+        x, bias = x.sign() * (20 + 10 * x.abs()), bias.sign() * 0.5
+    elif values == "nan":
+        x.view(-1)[::3] = float("nan")
+    x, bias = x.to(dtype), bias.to(dtype)
     if len(shape) >= 2:  # a non-contiguous input of the same shape
         x = x.transpose(0, -1).contiguous().transpose(0, -1)
-    bias = torch.randn(shape[-1], generator=g, dtype=torch.float64).to(dtype)
-    grad_out = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
     return x, bias, grad_out
 
 
-def check_custom_op(entry, shape, dtype_name: str, full: bool):
+def check_custom_op(entry, shape, dtype_name: str, full: bool, values: str = "normal"):
     """Define the student's op in a fresh namespace and exercise it: eager values and gradients, the
     fake kernel (FakeTensorMode, CPU and 'cuda'), the dispatch table, and when ``full`` also
     ``torch.library.opcheck`` and ``torch.compile(fullgraph=True)``."""
@@ -290,8 +334,15 @@ def check_custom_op(entry, shape, dtype_name: str, full: bool):
     if packet is None:
         raise LookupError(f"{ns}::fused_bias_gelu is not defined: define_op(namespace) must define "
                           f"f'{{namespace}}::fused_bias_gelu' with torch.library.custom_op")
-    op = packet.default
-    x, bias, grad_out = op_inputs(shape, dtype_name)
+    return op_report(packet.default, shape, dtype_name, full, values)
+
+
+def op_report(op, shape, dtype_name: str, full: bool, values: str = "normal") -> dict:
+    """What the custom-op exercises check of ``op``: eager values and gradients, the fake kernel
+    (FakeTensorMode, on 'cpu' and 'cuda'), the dispatch table, and when ``full`` also
+    ``torch.library.opcheck`` and ``torch.compile(fullgraph=True)``."""
+    ns = op.namespace
+    x, bias, grad_out = op_inputs(shape, dtype_name, values=values)
     report: dict = {"out": op(x, bias)}
     xg, bg = x.detach().requires_grad_(), bias.detach().requires_grad_()
     try:
@@ -326,6 +377,70 @@ def check_custom_op(entry, shape, dtype_name: str, full: bool):
             report["compiled"] = compiled(x, bias)
         except Exception as e:  # noqa: BLE001
             report["compiled"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return report
+
+
+# ================================================================================================
+# Exercise dispatch.cpp_op: the same operator with a C++ kernel
+# ================================================================================================
+class _OpWatcher(TorchDispatchMode):
+    """Records the ATen ops a kernel calls: the kernel runs below the Python key (``redispatch``) while this
+    mode is active, so every op it dispatches comes through here."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def check_cpp_op(entry, shape, dtype_name: str, full: bool, values: str = "normal"):
+    """Build ``entry.source()`` (C++, once per source: ``cpp_build``), add ``entry.register(namespace, lib)``'s
+    Python registrations to a fresh ``torch.library.Library`` fragment, exercise the op as ``op_report`` does,
+    and report where its CPU kernel came from and which ATen ops that kernel calls. The fragment is
+    destroyed after the case, so the next case (or submission) registers afresh."""
+    from . import cpp_build
+
+    source, register = getattr(entry, "source", None), getattr(entry, "register", None)
+    if not callable(source) or not callable(register):
+        raise TypeError(f"{getattr(entry, '__name__', entry)!r} must be a class with `source()` (returning the C++ "
+                        f"text) and `register(namespace, lib)` (the Python registrations)")
+    text = source()
+    if not isinstance(text, str):
+        raise TypeError(f"source() must return the C++ source as a str, got {type(text).__name__}")
+    missing = cpp_build.compiler_missing()
+    if missing:  # the grader's own process says whether that may be so (CppOpExercise.compare)
+        return {"skipped": missing}
+    ns = cpp_build.build(text)
+    packet = getattr(getattr(torch.ops, ns), "fused_bias_gelu", None)
+    if packet is None:
+        raise LookupError("your C++ built, but it defines no NAMESPACE::fused_bias_gelu: declare the schema in "
+                          "TORCH_LIBRARY(NAMESPACE, m) { m.def(\"fused_bias_gelu(Tensor x, Tensor bias) -> Tensor\"); }")
+    op = packet.default
+    lib = torch.library.Library(ns, "FRAGMENT")
+    try:
+        register(ns, lib)
+        try:
+            report = op_report(op, shape, dtype_name, full, values)
+        except NotImplementedError as e:  # the dispatcher's "Could not run ...": not the stub's NotImplementedError
+            raise RuntimeError(str(e).strip().splitlines()[0]) from None
+        report["origins"] = {k: list(v) for k, v in cpp_build.kernel_origins(f"{ns}::fused_bias_gelu").items()}
+        x, bias, _ = op_inputs(shape, dtype_name, values=values)
+        watcher = _OpWatcher()
+        try:
+            with watcher:  # the CPU kernel alone, its own calls watched
+                op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), x, bias)
+        except Exception:  # noqa: BLE001  (no CPU kernel: reported by the table)
+            pass
+        report["kernel_calls"] = sorted(set(watcher.seen))
+    finally:
+        lib._destroy()
+        # The Python dispatcher (opcheck's AOT test, torch.compile) caches each key's resolved kernel on the
+        # OpOverload: a cached Autograd entry outliving the registration crashes the next case that has none.
+        getattr(op, "_dispatch_cache", {}).clear()
+        torch._dynamo.reset()  # compiled graphs may hold the registrations just destroyed
     return report
 
 
