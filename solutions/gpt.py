@@ -259,6 +259,7 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         ### BEGIN SOLUTION
+        # twin: ptinternals.gpt.model.GPT
         self.config = config
         use_kernel = "layernorm" in kernel_parts(config.kernels)
         self.transformer = nn.ModuleDict(dict(
@@ -344,6 +345,7 @@ def make_layer_norm_op():
     """Define your Triton layer-norm kernels, register them as the custom op capstone::layer_norm
     (x, weight, bias, eps) -> (y, mean, rstd) with a fake and an autograd formula; return the op."""
     ### BEGIN SOLUTION
+    # twin kernel_layer_norm: ptinternals.gpt.ops.layer_norm
     @triton.jit
     def ln_fwd_kernel(X, Y, W, B, MEAN, RSTD, stride_row, N, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0)
@@ -501,6 +503,7 @@ import torch
 def checkpoint(fn, *args):
     """fn(*args) without keeping its activations: recomputed in backward with the same RNG state."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.gpt.model.checkpoint
     devices = sorted({a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.is_cuda})
     cpu_state = torch.get_rng_state()
     cuda_states = [torch.cuda.get_rng_state(d) for d in devices]
@@ -603,6 +606,7 @@ from ptinternals.gpt.scaffold import autocast_context
 def train_step(model, optimizer, scaler, batches, amp_dtype, grad_clip):
     """One optimizer step on the micro-batches; returns (mean loss, grad norm before clipping)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.gpt.train.train_step
     device_type = next(model.parameters()).device.type
     total = 0.0
     for i, (x, y) in enumerate(batches):
@@ -690,6 +694,7 @@ class DDP(nn.Module):
     def __init__(self, module):
         super().__init__()
         ### BEGIN SOLUTION
+        # twin: ptinternals.distributed.ddp.DistributedDataParallel
         self.module = module
         self.world_size = dist.get_world_size()
         with torch.no_grad():
@@ -772,6 +777,7 @@ from ptinternals.gpt.scaffold import fit, load_corpus, make_config, make_optimiz
 def train_gpt(preset, overrides):
     """Train your GPT with make_config(preset, overrides); return the trained model."""
     ### BEGIN SOLUTION
+    # twin: none (a whole training run; the reference trainer is ptinternals.gpt.train.train(config))
     config = make_config(preset, overrides)
     tokenizer, train_split, val_split = load_corpus()
     config = config.replace(vocab_size=tokenizer.vocab_size)
@@ -806,6 +812,7 @@ check("gpt.train_gpt", train_gpt, hidden=True)
 def train_gpu(overrides):
     """Train the gpu preset with your choice of parts; overrides win over your choices."""
     ### BEGIN SOLUTION
+    # twin: none (the GPU training run of the gpu preset, built on train_gpt)
     my_choices = {"amp": True}  # bf16 autocast on the GPU's tensor cores
     return train_gpt("gpu", {**my_choices, **overrides})
     ### END SOLUTION
