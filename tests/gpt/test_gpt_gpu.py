@@ -55,3 +55,36 @@ def test_gpu_preset_short_run_with_every_part():
     assert result.device.startswith("cuda") and result.memory["source"].startswith("torch.cuda")
     assert result.history["val_loss"][-1] < result.history["val_loss"][0] - 0.5
     assert result.tokens_per_s > 0 and len(result.sample) == 50
+
+
+def _cuda_run(**changes):
+    from ptinternals.gpt.train import train
+
+    cfg = tiny_config(**{**dict(vocab_size=0, max_iters=6, eval_interval=3, eval_iters=1, batch_size=4,
+                                block_size=16, n_embd=16, dropout=0.2, device="cuda", memory_report=False),
+                         **changes})
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):  # the math backend: dropout from the CUDA generator, no atomics in backward
+        return train(cfg)
+
+
+def test_resume_on_cuda_continues_exactly(tmp_path):
+    """Issue 17: dropout on a GPU draws from the CUDA generator; the checkpoint saves and restores it (and
+    every other device's), so the resumed run takes the uninterrupted run's steps bit for bit."""
+    from ptinternals.gpt.checkpoint import load_checkpoint
+
+    straight = _cuda_run()
+    first = _cuda_run(out_dir=str(tmp_path), max_iters=3)
+    assert first.device.startswith("cuda")
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert len(ckpt["rng"][0]["cuda"]) == torch.cuda.device_count()
+    resumed = _cuda_run(out_dir=str(tmp_path), resume=True)
+    assert resumed.history["loss"] == straight.history["loss"]
+    for k, v in straight.model.state_dict().items():
+        assert torch.equal(v, resumed.model.state_dict()[k]), k
+    # The same resume without the CUDA generators' states draws other dropout masks: the test can fail.
+    ckpt["rng"][0]["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    other = _cuda_run(out_dir=str(tmp_path), resume=True)
+    assert other.history["loss"][3:] != straight.history["loss"][3:]

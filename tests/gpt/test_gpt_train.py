@@ -42,6 +42,34 @@ def test_resume_continues_exactly(tmp_path):
         _run(out_dir=str(tmp_path), resume=True, n_layer=3)
 
 
+def test_checkpoint_rng_holds_every_cuda_device(monkeypatch):
+    """Issue 17: the checkpoint keeps the generator of every CUDA device (dropout on a GPU draws from its
+    device's generator), and restores each one; a rank on a device the checkpoint lacks is refused. (The
+    real thing on a GPU: tests/gpt/test_gpt_gpu.py::test_resume_on_cuda_continues_exactly.)"""
+    from ptinternals.gpt import checkpoint as ck
+
+    states = [torch.full((16,), 7, dtype=torch.uint8), torch.full((16,), 9, dtype=torch.uint8)]
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in states])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: restored.__setitem__(d, s.clone()))
+    g = torch.Generator().manual_seed(3)
+    saved = ck.rng_state(torch.device("cuda", 1), g)
+    assert [s.tolist() for s in saved["cuda"]] == [s.tolist() for s in states]
+    cpu_before = torch.get_rng_state()
+    torch.rand(5)
+    ck.set_rng_state(saved, torch.device("cuda", 1), torch.Generator())
+    assert torch.equal(torch.get_rng_state(), cpu_before)
+    assert sorted(restored) == [0, 1] and all(torch.equal(restored[d], states[d]) for d in (0, 1))
+    with pytest.raises(ValueError, match="no CUDA RNG state for cuda:1"):
+        ck.set_rng_state(dict(saved, cuda=saved["cuda"][:1]), torch.device("cuda", 1), g)
+    assert ck.rng_state(torch.device("cpu"), g)["cuda"] is not None  # CUDA started in this process: kept too
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert ck.rng_state(torch.device("cpu"), g)["cuda"] is None       # a CPU run that never touched CUDA
+
+
 def test_short_run_learns_and_reports(capsys):
     result = _run(progress=True, memory_report=True, sample_tokens=20, max_iters=20, eval_interval=10,
                   log_interval=10, learning_rate=2e-2, min_lr=1e-3, warmup_iters=2, lr_decay_iters=20,

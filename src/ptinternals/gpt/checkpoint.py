@@ -7,9 +7,12 @@ A checkpoint (nanoGPT's ``ckpt.pt``, plus what exact resumption needs) holds:
 - ``optimizer``: AdamW's moments and step counts, and the learning rate of each group;
 - ``scaler``: the GradScaler's scale and growth tracker (fp16 only; ``None`` otherwise);
 - ``iter_num``: optimizer steps done; the loop continues at that iteration;
-- ``rng``: per rank, the CPU and CUDA generator states (dropout draws from them) and the batch
-  generator's state (which windows come next). In DDP every rank has its own streams, so rank 0
-  gathers all of them with ``all_gather_object`` before writing;
+- ``rng``: per rank, the state of every random generator the run draws from: the CPU generator
+  (``torch.get_rng_state()``), the generator of **each CUDA device** (``torch.cuda.get_rng_state_all()``:
+  dropout on a GPU tensor draws from its device's CUDA generator, which ``torch.get_rng_state()``
+  neither reads nor restores, so a resume that restored only the CPU state would draw other dropout
+  masks than the uninterrupted run), and the batch generator's state (which windows come next). In DDP
+  every rank has its own streams, so rank 0 gathers all of them with ``all_gather_object`` before writing;
 - ``config``, ``tokenizer`` and ``history`` (losses so far, for the loss curve).
 
 The file is written under a temporary name and renamed (``os.replace`` is atomic on POSIX), so a
@@ -29,16 +32,37 @@ ARCHITECTURE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"
 
 
 def rng_state(device: torch.device, batch_generator: torch.Generator) -> dict:
-    """This rank's random streams: CPU, CUDA (on a GPU) and the batch generator."""
+    """This rank's random streams: the CPU generator, every CUDA device's generator (when the run uses
+    CUDA, or anything in this process has started it), and the batch generator.
+
+    ``cuda`` is a list indexed by device (``torch.cuda.get_rng_state_all()``, as torch.utils.checkpoint's
+    ``get_device_states`` saves one state per device in use), or None when CUDA is not in use.
+    """
+    device = torch.device(device)
+    uses_cuda = torch.cuda.is_available() and (device.type == "cuda" or torch.cuda.is_initialized())
     return {"cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "cuda": torch.cuda.get_rng_state_all() if uses_cuda else None,
             "batches": batch_generator.get_state()}
 
 
 def set_rng_state(state: dict, device: torch.device, batch_generator: torch.Generator) -> None:
+    """Restore what :func:`rng_state` saved: the CPU generator, each CUDA device's generator that exists
+    here, and the batch generator. Raises ValueError when this rank computes on a CUDA device whose
+    generator the checkpoint does not hold (its dropout masks could not continue the saved run)."""
+    device = torch.device(device)
+    cuda = state.get("cuda")
+    if isinstance(cuda, torch.Tensor):  # a checkpoint of the earlier format: this rank's device only
+        cuda = {device.index or 0: cuda} if device.type == "cuda" else {}
+    else:
+        cuda = dict(enumerate(cuda or ()))
+    if device.type == "cuda" and (device.index or 0) not in cuda:
+        raise ValueError(f"the checkpoint holds no CUDA RNG state for {device} (it has "
+                         f"{len(cuda)} device state(s)): it was not written by a run on this device")
     torch.set_rng_state(state["cpu"].cpu())
-    if device.type == "cuda" and state.get("cuda") is not None:
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+    if cuda and torch.cuda.is_available():
+        for index, cuda_state in cuda.items():
+            if index < torch.cuda.device_count():   # a device this machine lacks draws nothing here
+                torch.cuda.set_rng_state(cuda_state.cpu(), index)
     batch_generator.set_state(state["batches"].cpu())
 
 

@@ -26,6 +26,7 @@ Switches (``GPTConfig``):
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,15 @@ from torch import nn
 
 from .config import GPTConfig, kernel_parts
 from .loop import generate, make_optimizer
+
+
+def checkpoint(fn, *args):
+    """``fn(*args)`` recomputed in backward: the autograd chapter's non-reentrant checkpoint
+    (``checkpoint_with_hooks``, torch.utils.checkpoint with ``use_reentrant=False``), which restores the
+    CPU and every CUDA device's RNG before recomputing, so dropout redraws the same masks."""
+    from ..autograd.checkpoint import checkpoint_with_hooks
+
+    return checkpoint_with_hooks(fn, *args)
 
 
 def _ops():
@@ -121,8 +131,11 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        if not isinstance(config, GPTConfig):  # like nanoGPT, any object carrying the fields will do
+            names = [f.name for f in fields(GPTConfig) if hasattr(config, f.name)]
+            if not names:
+                raise TypeError(f"config must be a GPTConfig (or carry its fields), got {type(config).__name__}")
+            config = GPTConfig(**{name: getattr(config, name) for name in names})
         if config.vocab_size < 1:
             raise ValueError("config.vocab_size must be >= 1 (0 means 'from the corpus': "
                              "use config.replace(vocab_size=tokenizer.vocab_size))")
@@ -170,12 +183,7 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         recompute = self.checkpointing and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
-            if recompute:
-                from ..autograd.checkpoint import checkpoint_with_hooks
-
-                x = checkpoint_with_hooks(block, x)                              # keeps only x per block
-            else:
-                x = block(x)
+            x = checkpoint(block, x) if recompute else block(x)                   # checkpoint keeps only x
         logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, V)
         loss = None
         if targets is not None:

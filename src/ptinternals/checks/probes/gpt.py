@@ -148,11 +148,14 @@ def layer_norm_op(entry, x=None, weight=None, bias=None, eps=1e-5, *, dy=None, s
         state, batches = swapped_into_model
         return probe_trajectory(state, batches, layer_norm=entry)
     plain = (x.detach(), weight.detach(), None if bias is None else bias.detach())
+    before = [None if t is None else t.clone() for t in plain]
     x = x.detach().requires_grad_(True)
     weight = weight.detach().requires_grad_(True)
     bias = None if bias is None else bias.detach().requires_grad_(True)
     y, forward_ops = _dispatched(lambda: entry(x, weight, bias, eps))
     _, backward_ops = _dispatched(lambda: y.backward(dy))
+    modified = [name for name, t, b in zip(("x", "weight", "bias"), plain, before)
+                if t is not None and not torch.equal(t, b)]
     try:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -163,7 +166,7 @@ def layer_norm_op(entry, x=None, weight=None, bias=None, eps=1e-5, *, dy=None, s
     except Exception as e:  # no register_fake, or an implementation that reads data
         fake = f"{type(e).__name__}: {str(e)[:300]}"
     return {"y": y, "dx": x.grad, "dw": weight.grad, "db": None if bias is None else bias.grad,
-            "forward_ops": forward_ops, "backward_ops": backward_ops, "fake_shape": fake}
+            "forward_ops": forward_ops, "backward_ops": backward_ops, "fake_shape": fake, "modified": modified}
 
 
 # --------------------------------------------------------------------------- gpt.checkpoint checkpointing
