@@ -58,6 +58,9 @@ BUGGY = {
                                   "missing mask"),
         "fixed_block_of_128": (edited(SM, ("BLOCK_SIZE = max(triton.next_power_of_2(n_cols), 16)", "BLOCK_SIZE = 128")),
                                "BLOCK_SIZE must cover"),
+        # runs in the interpreter (it ignores num_warps); a GPU compile asserts a power of two: the message says it
+        "num_warps_not_a_power_of_two": (edited(SM, ("num_warps = 4 if BLOCK_SIZE <= 2048", "num_warps = 6 if BLOCK_SIZE <= 2048")),
+                                         None),
         "assumes_unit_column_stride": (edited(SM, ("cols * x_col_stride, mask", "cols, mask")), "not contiguous"),
         "torch_softmax_in_the_wrapper": (edited(SM, ("    return out\n", "    return torch.softmax(x, -1)\n")), None),
     },

@@ -285,6 +285,12 @@ class KernelExercise(Exercise):
                 f"your wrapper computed with torch ({', '.join(used)}): the kernel must do the arithmetic; "
                 f"the wrapper may only allocate outputs, read shapes and strides, and launch"
             )
+        warps = [w for w in got.get("num_warps", []) if not (isinstance(w, int) and _pow2(w))]
+        if warps:
+            return (
+                f"a launch with num_warps={warps[0]!r}: a GPU compile accepts only a power of two (Triton asserts "
+                f"it); the interpreter ignores num_warps, so only this check can tell you"
+            )
         return self.compare_out(case, got.get("out"), expected, got.get("device", "cpu"))
 
     def compare_out(self, case, out, expected, device: str) -> str | None:
@@ -311,7 +317,9 @@ class KernelExercise(Exercise):
                     "tl.load and tl.store whose offsets can reach past the end."
                 )
             return None
-        if set(got.get("ops", [])) & (MATH_OPS - self.allowed_math):
+        if set(got.get("ops", [])) & (MATH_OPS - self.allowed_math) or any(
+            not (isinstance(w, int) and _pow2(w)) for w in got.get("num_warps", [])
+        ):
             return None
         out = got.get("out")
         try:

@@ -162,6 +162,7 @@ class _LaunchCounter:
 
     def __init__(self):
         self.n = 0
+        self.num_warps: set = set()  # the launch options' num_warps (the interpreter ignores them; a GPU does not)
         self._saved = []
 
     def __enter__(self):
@@ -182,6 +183,8 @@ class _LaunchCounter:
 
             def run(self, *args, _orig=original, **kwargs):
                 counter.n += 1
+                if kwargs.get("num_warps") is not None:
+                    counter.num_warps.add(kwargs["num_warps"])
                 return _orig(self, *args, **kwargs)
 
             self._saved.append((cls, original))
@@ -231,7 +234,7 @@ def run_guarded(entry, *args):
     modified = [label for label, raw, start, end, before in snapshots if not torch.equal(raw[start:end], before)]
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
     return {"out": out, "ops": sorted(mode.ops), "launches": launches.n, "oob": [s["label"] for s in stray],
-            "stray": stray, "modified": modified, "device": device}
+            "stray": stray, "modified": modified, "num_warps": sorted(launches.num_warps, key=repr), "device": device}
 
 
 def kernel_case(entry, *args):
