@@ -1183,7 +1183,7 @@ class Matmul(KernelExercise):
         "K one short of a multiple of 32": lambda c, e: Matmul._shape(c)[2] % 32 == 31,
         "M one past a tile of 32": lambda c, e: Matmul._shape(c)[0] == 33,
         "N one past a tile of 32": lambda c, e: Matmul._shape(c)[1] == 33,
-        "two groups of tile-rows, the last one short": lambda c, e: Matmul._shape(c)[0] > 4 * 32
+        "two groups of tile-rows, the last one short (by 1)": lambda c, e: 6 * 32 < Matmul._shape(c)[0] <= 7 * 32
         and Matmul._shape(c)[1] > 32,
         "a transposed (a column stride != 1)": lambda c, e: c.args[0].shape[1] > 1 and c.args[0].stride(1) != 1,
         "b transposed (x @ w.t())": lambda c, e: c.args[1].shape[1] > 1 and c.args[1].stride(1) != 1,
@@ -1223,10 +1223,11 @@ class Matmul(KernelExercise):
             self._case(6, 5, 0, torch.float16, "contiguous", "contiguous", 4, "K = 0: C is all zeros"),
             build(4, 0, 7, "fp32", "contiguous", "contiguous", 81),
             build(1, 1, 1, "fp32", "contiguous", "contiguous", 82),
-            build(5, 6, 32, "fp32", "transposed", "contiguous", 83),
+            build(5, 6, 32, "fp32", "contiguous", "contiguous", 83),
             build(33, 7, 33, "fp16", "sliced", "contiguous", 84),
             build(7, 33, 31, "fp32", "contiguous", "sliced", 85),
-            build(150, 40, 20, "fp32", "contiguous", "transposed", 86),
+            build(200, 40, 20, "fp32", "contiguous", "transposed", 86),
+            build(5, 6, 70, "fp32", "transposed", "sliced", 90),
             special(8, 8, 40, torch.float16, "near_max", 87, b_scale=1e-3),
             special(6, 5, 9, torch.float16, "subnormal", 88),
             special(4, 6, 5, torch.float32, "inf_nan", 89),
@@ -1387,16 +1388,21 @@ class FlashAttention(KernelExercise):
         "Sk one past a block of 32": lambda c, e: FlashAttention._s(c)[1] in (33, 65),
         "Sk one short of a block of 32": lambda c, e: FlashAttention._s(c)[1] in (31, 63),
         "Sq one past a block of 32": lambda c, e: FlashAttention._s(c)[0] in (33, 65),
+        "causal over several whole key blocks (Sq = Sk = 100)": lambda c, e: c.args[3] and FlashAttention._s(c) == (100, 100),
         "(B, S, H, D) memory: strides in every dim": lambda c, e: c.args[0].dim() == 4 and c.args[0].stride(2) != c.args[0].shape[3],
         "scores far apart (q x 30: a later key block raises the running max)": lambda c, e: float(c.args[0].double().abs().amax()) > 40,
         "v near the fp16 max": lambda c, e: c.args[2].dtype == torch.float16 and float(c.args[2].double().abs().amax()) > 0.9 * 65504,
+        "a stride of D that is not 1 (k stored as K^T)": lambda c, e: c.args[1].shape[3] > 1 and c.args[1].stride(3) != 1,
+        "scores with a large offset next to a small spread (all near -240)": lambda c, e: c.args[0].numel() > 0
+        and float(c.args[0].double().amax()) < -20,
         "inputs checked unmodified after the call": lambda c, e: True,
     }
 
     @staticmethod
-    def _case(b, h, sq, sk, d, causal, dtype, layout, seed, label=None, q_scale=1.0, v_near_max=False):
-        q = rand((b, h, sq, d), dtype, seed=seed, layout=layout, scale=q_scale)
-        k = rand((b, h, sk, d), dtype, seed=seed + 1, layout=layout)
+    def _case(b, h, sq, sk, d, causal, dtype, layout, seed, label=None, q_scale=1.0, v_near_max=False,
+              offsets=(0.0, 0.0)):
+        q = rand((b, h, sq, d), dtype, seed=seed, layout=layout, scale=q_scale, offset=offsets[0])
+        k = rand((b, h, sk, d), dtype, seed=seed + 1, layout=layout, scale=0.5 if offsets[1] else 1.0, offset=offsets[1])
         v = rand((b, h, sk, d), dtype, seed=seed + 2, layout=layout)
         if v_near_max:
             v = (v.double().sign() * torch.finfo(dtype).max * 0.95).to(dtype)
@@ -1433,10 +1439,17 @@ class FlashAttention(KernelExercise):
             self._case(1, 2, 17, 65, 32, True, f16, "contiguous", 106),
             self._case(2, 1, 33, 32, 16, False, f32, "bshd", 107),
             self._case(1, 1, 20, 63, 64, False, f32, "contiguous", 108),
-            self._case(1, 2, 40, 70, 16, False, f32, "contiguous", 109, q_scale=30.0,
+            # fp16 where scores are large: a GPU's fp32 tl.dot rounds q and k to TF32 (10 bits), fp16 is exact
+            self._case(1, 2, 40, 70, 16, False, f16, "contiguous", 109, q_scale=30.0,
                        label="q x 30, Sk = 70: scores far apart, a later key block raises the running max"),
             self._case(1, 1, 24, 50, 16, True, f16, "contiguous", 110, q_scale=30.0, v_near_max=True,
                        label="fp16, v near the fp16 max, q x 30, causal"),
+            self._case(2, 2, 33, 40, 16, True, f32, "transposed", 111,
+                       label="(2, 2, 33, 16), Sk = 40, causal, stored (B, H, D, S): a stride of D that is not 1"),
+            self._case(1, 1, 100, 100, 16, True, f32, "contiguous", 113,
+                       label="(1, 1, 100, 16), causal: whole key blocks left of the diagonal, then the diagonal's"),
+            self._case(1, 2, 20, 45, 16, False, f16, "contiguous", 112, q_scale=0.5, offsets=(-30.0, 2.0),
+                       label="q about -30, k about 2: every score near -240, a spread of a few units"),
         ]
         seqs = st.sampled_from([1, 17, 40, 65, 100])
         return deliberate + draw(
