@@ -615,6 +615,8 @@ class Softmax(KernelExercise):
         "-inf scores in a row (exp gives 0)": lambda c, e: bool((torch.isneginf(c.args[0]).any(1) & torch.isfinite(e).all(1)).any()),
         "a row of all -inf (NaN, as torch gives)": lambda c, e: bool(torch.isneginf(c.args[0]).all(1).any()),
         "NaN in a row": lambda c, e: bool(torch.isnan(c.args[0]).any()),
+        "a row of 2049 columns (block 4096: the first num_warps step)": lambda c, e: c.args[0].shape[1] == 2049,
+        "a row of 8193 columns (block 16384: the second num_warps step)": lambda c, e: c.args[0].shape[1] == 8193,
         "inputs checked unmodified after the call": lambda c, e: True,
     }
 
@@ -652,6 +654,8 @@ class Softmax(KernelExercise):
             build(1, 15, "fp16", "contiguous", 1.0, 26),
             build(3, 20, "fp32", "transposed", 3.0, 27),
             build(3, 50, "fp32", "contiguous", 1.0, 28, offset=1000.0),
+            build(1, 2049, "fp32", "contiguous", 1.0, 32),   # one row per num_warps step past 2048 and 8192
+            build(1, 8193, "fp16", "contiguous", 1.0, 33),
             special("near_max", torch.float16, 29),
             special("subnormal", torch.float32, 30),
             special("inf_nan", torch.float32, 31),
@@ -765,6 +769,8 @@ class LayerNormForward(KernelExercise):
         "eps = 0": lambda c, e: c.args[3] == 0,
         "a column stride != 1 (transposed)": lambda c, e: c.args[0].shape[1] > 1 and c.args[0].stride(1) != 1,
         "a row stride > the row (sliced)": lambda c, e: c.args[0].stride(1) == 1 and c.args[0].stride(0) > c.args[0].shape[1] > 0,
+        "a row of 2049 columns (block 4096: the first num_warps step)": lambda c, e: c.args[0].shape[1] == 2049,
+        "a row of 8193 columns (block 16384: the second num_warps step)": lambda c, e: c.args[0].shape[1] == 8193,
         "inputs checked unmodified after the call": lambda c, e: True,
     }
 
@@ -800,6 +806,8 @@ class LayerNormForward(KernelExercise):
             build(2, 17, "fp16", "sliced", 1e-3, 44),
             build(1, 15, "fp32", "contiguous", 0.0, 45),
             build(3, 20, "fp32", "transposed", 1e-5, 46),
+            build(1, 2049, "fp32", "contiguous", 1e-5, 51),   # one row per num_warps step past 2048 and 8192
+            build(1, 8193, "fp16", "contiguous", 1e-5, 52),
             special("constant", torch.float32, 1e-5, 47),
             special("offset", torch.float32, 1e-5, 48),
             special("near_max", torch.float16, 1e-5, 49),
@@ -923,6 +931,8 @@ class LayerNormBackward(KernelExercise):
         "dy with a column stride != 1 (transposed)": lambda c, e: c.args[0].shape[1] > 1 and c.args[0].stride(1) != 1,
         "a row stride > the row (sliced)": lambda c, e: any(
             t.stride(1) == 1 and t.stride(0) > t.shape[1] > 0 for t in c.args[:2]),
+        "a row of 2049 columns (block 4096: the first num_warps step)": lambda c, e: c.args[0].shape[1] == 2049,
+        "a row of 8193 columns (block 16384: the second num_warps step)": lambda c, e: c.args[0].shape[1] == 8193,
         "inputs checked unmodified after the call": lambda c, e: True,
     }
 
@@ -958,6 +968,8 @@ class LayerNormBackward(KernelExercise):
             build(5, 17, "fp32", "contiguous", "transposed", 66),
             build(3, 15, "fp16", "sliced", "contiguous", 67),
             build(9, 129, "fp32", "contiguous", "contiguous", 68),
+            build(1, 2049, "fp32", "contiguous", "contiguous", 71),   # one row per num_warps step past 2048 and 8192
+            build(1, 8193, "fp16", "contiguous", "contiguous", 72),
             self._case(0, 0, torch.float32, "contiguous", "contiguous", 69, x=offset,
                        label="(3, 64) fp32, x = 1024 + k / 64: a large mean next to a spread of 0.3"),
             self._case(2, 24, torch.float16, "contiguous", "contiguous", 70, dy_scale=6000.0,
