@@ -738,10 +738,6 @@ def _ln_stats64(x, eps):
     return mean, 1.0 / torch.sqrt(var + eps), var
 
 
-def _ln_x(c):
-    return c.args[0] if isinstance(c.args[0], torch.Tensor) else None
-
-
 class LayerNormForward(KernelExercise):
     id, entry, points = "kernels.layer_norm_forward", "layer_norm_forward", 2
     title = "layer norm forward, with the statistics saved for backward"
