@@ -26,7 +26,9 @@
 # `raise NotImplementedError()` with your code; keep the names) followed by a *check cell*. You write
 # the `@triton.jit` kernel **and** the torch function that launches it. The grader runs your answer
 # cells in a separate process, without the course's reference code, on many more cases than the
-# visible ones (odd sizes, strided inputs, fp32, fp16 and, on a GPU, bf16), and compares with PyTorch.
+# visible ones (odd sizes, strided inputs, fp32, fp16 and, on a GPU, bf16; values near a dtype's largest,
+# subnormals, inf and NaN where the op defines them), and compares with PyTorch. Like torch's ops, your
+# functions must leave their inputs unchanged: the checks verify that no input was written.
 # On a GPU it also times your kernel against torch's own op. Quiz answers are recorded in
 # `kernels.answers.json` beside this notebook: **your first answer to each question counts**.
 #
@@ -166,6 +168,7 @@ def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, stride_x, stride_y, BLOCK_SIZE
 def add(x, y):
     """x + y for 1-d tensors of equal length and dtype (any strides), computed by add_kernel."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.kernels.vector_add.add
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # contiguous
     n = x.numel()
     BLOCK_SIZE = 1024
@@ -255,6 +258,7 @@ def softmax_kernel(out_ptr, x_ptr, n_cols, x_row_stride, x_col_stride, out_row_s
 def softmax(x):
     """torch.softmax(x, -1) for a 2-d x of any strides, one program per row."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.kernels.fused_softmax.softmax
     n_rows, n_cols = x.shape
     out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     BLOCK_SIZE = max(triton.next_power_of_2(n_cols), 16)
@@ -338,6 +342,7 @@ def layer_norm_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr,
 def layer_norm_forward(x, weight, bias, eps=1e-5):
     """(y, mean, rstd) of layer norm over the last dim of a 2-d x; mean and rstd are float32 (M,)."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.kernels.layernorm.layer_norm_forward
     n_rows, n_cols = x.shape
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -436,13 +441,14 @@ def layer_norm_bwd_dwdb_kernel(partial_dw_ptr, partial_db_ptr, dw_ptr, db_ptr, n
 def layer_norm_backward(dy, x, weight, mean, rstd):
     """(dx, dweight, dbias) of layer norm, from the forward pass's float32 mean and rstd."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.kernels.layernorm.layer_norm_backward
     n_rows, n_cols = x.shape
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     dw = torch.empty(n_cols, dtype=weight.dtype, device=x.device)
     db = torch.empty(n_cols, dtype=weight.dtype, device=x.device)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
     n_programs = max(1, min(n_rows, 2 * sms))
-    rows_per_program = triton.cdiv(n_rows, n_programs)
+    rows_per_program = max(1, triton.cdiv(n_rows, n_programs))      # M = 0: one program, no rows
     n_programs = max(1, triton.cdiv(n_rows, rows_per_program))
     partial_dw = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)  # P * N * 4 bytes
     partial_db = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
@@ -528,6 +534,7 @@ show_quiz("kernels", "q5")
 def grouped_tile_order(num_pid_m, num_pid_n, group_size_m):
     """[(pid_m, pid_n) for pid in range(num_pid_m * num_pid_n)] in grouped order."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.kernels.blocked_matmul.grouped_tile_order
     order = []
     num_pid_in_group = group_size_m * num_pid_n
     for pid in range(num_pid_m * num_pid_n):
@@ -682,6 +689,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 def matmul(a, b):
     """a @ b for 2-d a (M, K), b (K, N) of any strides, fp32/fp16/bf16, accumulated in fp32."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.kernels.blocked_matmul.matmul
     (M, K), N = a.shape, b.shape[1]
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if M == 0 or N == 0:
@@ -854,6 +862,7 @@ def attention_fwd_kernel(Q, K, V, O, sm_scale,
 def flash_attention(q, k, v, causal=False):
     """softmax(q k^T / sqrt(D)) v for (B, H, S, D) tensors, D in {16, 32, 64}; causal is top-left aligned."""
     ### BEGIN SOLUTION
+    # twin: ptinternals.kernels.attention.flash_attention
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
     o = torch.empty((B, H, Sq, D), dtype=q.dtype, device=q.device)
@@ -953,6 +962,7 @@ def _(dy, x, weight, mean, rstd):
 def layer_norm_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ### BEGIN SOLUTION
+    # twin: ptinternals.kernels.custom_op.layer_norm_op
     return layer_norm_forward(x, weight, bias, eps)
     ### END SOLUTION
 

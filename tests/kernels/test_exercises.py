@@ -58,6 +58,46 @@ def test_guard_turns_an_out_of_bounds_store_into_a_report(solution):
     assert not probe.kernel_case(torch.add, torch.randn(3), torch.randn(3))["launches"]
 
 
+def test_probe_reports_where_a_stray_store_landed_and_inputs_written(solution):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scatter(x_ptr, out_ptr, STRIDE: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs * STRIDE, tl.load(x_ptr + offs) + 1.0)   # every STRIDE-th element, past the end
+
+    def strided_store(x):
+        out = torch.empty_like(x)
+        scatter[(1,)](x, out, STRIDE=3, BLOCK=16)
+        return out
+
+    def in_place(x):
+        out = torch.empty_like(x)
+        scatter[(1,)](x, x, STRIDE=1, BLOCK=16)                    # writes its own input
+        return out
+
+    tail = probe.kernel_case(torch.empty_like, torch.randn(3))
+    assert not tail["oob"] and not tail["modified"]
+    stray = probe.kernel_case(strided_store, torch.randn(20))["stray"]
+    assert stray[0]["before"] == 0 and stray[0]["after_first"] == 1 and stray[0]["after_count"] == 9  # 21..45 by 3
+    assert stray[0]["shape"] == [20] and stray[0]["label"].startswith("a tensor your code allocated")
+    result = probe.kernel_case(in_place, torch.randn(16))
+    assert result["modified"] == ["input 0 (shape (16,), float32)"] and not result["oob"]
+
+
+def test_how_failures_say_what_happened_and_name_no_cause():
+    """No kernel, torch doing the math, an input written: the message says so, the hint stays silent."""
+    ex = CHAPTER.exercise("kernels.softmax")
+    case, expected = ex.visible_cases()[0], ex.expected(ex.visible_cases()[0])
+    base = {"out": None, "ops": ["empty"], "launches": 1, "oob": [], "stray": [], "modified": [], "device": "cpu"}
+    for got, words in ((dict(base, launches=0), "launched no Triton kernel"),
+                       (dict(base, ops=["empty", "_softmax"]), "computed with torch (_softmax)"),
+                       (dict(base, modified=["input 0 (shape (5, 7), float32)"]), "wrote into its input")):
+        assert words in ex.compare(case, got, expected)
+        assert ex.diagnose(case, got, expected) is None
+
+
 def test_unwritten_outputs_and_reads_past_the_end_are_nan(solution):
     result = probe.run_guarded(lambda x: torch.empty(5), torch.randn(2))
     assert torch.isnan(result["out"]).all()

@@ -49,6 +49,15 @@ def test_grouped_order_is_a_permutation_that_reuses_panels():
     assert grouped_tile_order(4, 4, 1)[:4] == [(0, 0), (0, 1), (0, 2), (0, 3)]          # row-major
     assert grouped_tile_order(4, 4, 2)[:4] == [(0, 0), (1, 0), (0, 1), (1, 1)]          # down, then across
     assert panels_touched(grouped_tile_order(9, 9, 3), 9) < panels_touched(grouped_tile_order(9, 9, 1), 9)
+    assert grouped_tile_order(0, 5, 2) == grouped_tile_order(5, 0, 2) == []                 # an empty C
+
+
+@pytest.mark.parametrize("args, exc, match", [((3, 3, 0), ValueError, "group_size_m must be >= 1, got 0"),
+                                              ((-1, 3, 2), ValueError, "num_pid_m must be >= 0, got -1"),
+                                              ((3, 2.0, 2), TypeError, "num_pid_n must be an int")])
+def test_grouped_tile_order_rejects_bad_input(args, exc, match):
+    with pytest.raises(exc, match=match):
+        grouped_tile_order(*args)
 
 
 def test_configs_fit_the_hardware():

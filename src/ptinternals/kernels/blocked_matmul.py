@@ -109,13 +109,14 @@ def grouped_tile_order(num_pid_m: int, num_pid_n: int, group_size_m: int) -> lis
     """The (pid_m, pid_n) tile each program id computes, in pid order: the kernel's index math in Python.
 
     ``grouped_tile_order(4, 4, 1)`` is row-major; with ``group_size_m=2`` pids 0..7 cover the first
-    two tile-rows column by column: (0,0) (1,0) (0,1) (1,1) (0,2) ...
+    two tile-rows column by column: (0,0) (1,0) (0,1) (1,1) (0,2) ... An empty C (no tile-rows or no
+    tile-columns) has no programs: ``[]``.
     """
-    for name, v in (("num_pid_m", num_pid_m), ("num_pid_n", num_pid_n), ("group_size_m", group_size_m)):
+    for name, v, least in (("num_pid_m", num_pid_m, 0), ("num_pid_n", num_pid_n, 0), ("group_size_m", group_size_m, 1)):
         if not isinstance(v, int) or isinstance(v, bool):
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
+        if v < least:
+            raise ValueError(f"{name} must be >= {least}, got {v}")
     order = []
     num_pid_in_group = group_size_m * num_pid_n
     for pid in range(num_pid_m * num_pid_n):

@@ -89,6 +89,22 @@ def guard_intact(guard) -> bool:
     return bool((raw[:start] == fill).all()) and bool((raw[end:] == fill).all())
 
 
+def stray_writes(guard, elem: int) -> dict:
+    """Where a kernel wrote into a guard, in elements of the tensor's dtype: how many elements before
+    it, and the first, last and count of those after its last addressed element (0 = right after it).
+    A missing mask on the last block writes one unbroken run starting right after the end."""
+    raw, start, end, fill = guard
+    before = raw[:start].view(-1, elem) if start else raw[:0].view(0, elem)
+    after = raw[end : end + (raw.numel() - end) // elem * elem].view(-1, elem)
+    dirty_after = (after != fill).any(1).nonzero().flatten()
+    return {
+        "before": int((before != fill).any(1).sum()),
+        "after_first": int(dirty_after[0]) if len(dirty_after) else -1,
+        "after_last": int(dirty_after[-1]) if len(dirty_after) else -1,
+        "after_count": len(dirty_after),
+    }
+
+
 def _describe(t) -> str:
     return f"shape {tuple(t.shape)}, {str(t.dtype).replace('torch.', '')}"
 
@@ -115,7 +131,7 @@ def _guard_mode():
         def __init__(self):
             super().__init__()
             self.ops: set[str] = set()
-            self.guards: list[tuple[str, tuple]] = []
+            self.guards: list[tuple[str, tuple, int, list]] = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -134,7 +150,8 @@ def _guard_mode():
             fresh = name.startswith(("empty", "new_empty"))  # uninitialized memory: make it NaN
             g, guard = guarded(out, copy_values=not fresh, fill=FILL_ALLOC)
             if guard is not None:
-                self.guards.append((f"a tensor your code allocated ({name}: {_describe(out)})", guard))
+                self.guards.append((f"a tensor your code allocated ({name}: {_describe(out)})", guard, out.element_size(),
+                                    list(out.shape)))
             return g
 
     return GuardAllocations()
@@ -145,6 +162,7 @@ class _LaunchCounter:
 
     def __init__(self):
         self.n = 0
+        self.num_warps: set = set()  # the launch options' num_warps (the interpreter ignores them; a GPU does not)
         self._saved = []
 
     def __enter__(self):
@@ -165,6 +183,8 @@ class _LaunchCounter:
 
             def run(self, *args, _orig=original, **kwargs):
                 counter.n += 1
+                if kwargs.get("num_warps") is not None:
+                    counter.num_warps.add(kwargs["num_warps"])
                 return _orig(self, *args, **kwargs)
 
             self._saved.append((cls, original))
@@ -178,28 +198,43 @@ class _LaunchCounter:
 
 
 def run_guarded(entry, *args):
-    """Call ``entry(*args)`` with guarded inputs and allocations; report what it did."""
+    """Call ``entry(*args)`` with guarded inputs and allocations; report what it did.
+
+    ``oob``: the tensors whose guards were written (``stray``: where, see :func:`stray_writes`);
+    ``modified``: the inputs whose memory changed (an element, or a gap between strided elements).
+    """
+    import warnings
+
     import torch
 
-    guards = []
+    guards, snapshots = [], []
     new_args = []
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             g, guard = guarded(a)
             if guard is not None:
-                guards.append((f"input {i} ({_describe(a)})", guard))
+                label = f"input {i} ({_describe(a)})"
+                guards.append((label, guard, a.element_size(), list(a.shape)))
+                raw, start, end, _ = guard
+                snapshots.append((label, raw, start, end, raw[start:end].clone()))
             new_args.append(g)
         else:
             new_args.append(a)
     mode = _guard_mode()
-    with _LaunchCounter() as launches:
+    with _LaunchCounter() as launches, warnings.catch_warnings():
+        # inf and NaN cases make the interpreter's numpy warn ("overflow encountered"): expected, and a
+        # test cell that writes to stderr scores 0 under nbgrader
+        warnings.simplefilter("ignore", RuntimeWarning)
         with mode:
             out = entry(*new_args)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    oob = [label for label, guard in guards + mode.guards if not guard_intact(guard)]
+    stray = [dict(label=label, shape=shape, **stray_writes(guard, elem))
+             for label, guard, elem, shape in guards + mode.guards if not guard_intact(guard)]
+    modified = [label for label, raw, start, end, before in snapshots if not torch.equal(raw[start:end], before)]
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
-    return {"out": out, "ops": sorted(mode.ops), "launches": launches.n, "oob": oob, "device": device}
+    return {"out": out, "ops": sorted(mode.ops), "launches": launches.n, "oob": [s["label"] for s in stray],
+            "stray": stray, "modified": modified, "num_warps": sorted(launches.num_warps, key=repr), "device": device}
 
 
 def kernel_case(entry, *args):
@@ -368,11 +403,13 @@ def _custom_op_case(entry, kind, *args):
         return {"is_custom_op": isinstance(entry, CustomOpDef), "type": type(entry).__name__}
     if kind == "forward":
         return tuple(entry(*args))
-    if kind == "grad":
-        x, w, b, dy, eps = args
-        x, w, b = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    if kind == "grad":  # args[5], when given, names the frozen inputs (requires_grad=False): ("weight",)
+        x, w, b, dy, eps = args[:5]
+        frozen = args[5] if len(args) > 5 else ()
+        x, w, b = (t.detach().clone().requires_grad_(name not in frozen)
+                   for t, name in zip((x, w, b), ("x", "weight", "bias")))
         y = entry(x, w, b, eps)[0]
-        return torch.autograd.grad(y, (x, w, b), dy)
+        return torch.autograd.grad(y, tuple(t for t in (x, w, b) if t.requires_grad), dy)
     if kind == "opcheck":
         x, w, b, eps = args
         inputs = tuple(t.detach().clone().requires_grad_() for t in (x, w, b)) + (eps,)
