@@ -1,0 +1,137 @@
+"""Reading what Inductor generated: kernels, what each fused, and the library calls
+(torch/_inductor/graph.py ``GraphLowering.codegen``, torch/_inductor/codegen/cpp.py and triton.py,
+torch/_inductor/scheduler.py).
+
+Inductor lowers each ATen op of the (post-AOTAutograd) graph to a loop body over an index space
+(torch/_inductor/lowering.py), then its *scheduler* fuses nodes whose loops can share one pass over
+memory: pointwise ops into each other, pointwise ops into the reduction that reads them (and the
+reduction's result into the pointwise ops after it, when the loop sizes agree). Matmuls and
+convolutions are not generated: they become ``extern_kernels.mm(...)`` calls into the ATen library
+(cuBLAS on a GPU, MKL/oneDNN on the CPU), and fusion stops at them.
+
+The result is one Python module, the *output code* (also written by ``TORCH_LOGS=output_code`` and
+into the debug folder of ``TORCH_COMPILE_DEBUG=1``). Each generated kernel is defined once at module
+level and called from ``call(args)``::
+
+    cpp_fused_add_cos_relu_sin_0 = async_compile.cpp_pybinding([...], r'''<C++ source>''')   # CPU
+    triton_poi_fused_add_cos_0 = async_compile.triton('triton_poi_fused_add_cos_0', '''...''')  # GPU
+
+The name lists the ATen ops it fused, sorted (``cpp.descriptive_names = "original_aten"``). On the CPU
+one C++ kernel can hold several loop nests (Inductor's "outer loop fusion" puts nests over the same
+outer loop in one function), so ``torch._inductor.metrics.generated_kernel_count``, which counts loop
+nests generated, can exceed the number of kernel *functions* counted here.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["KernelDef", "InductorOutput", "compile_and_read", "kernel_defs", "extern_calls", "kernel_ops"]
+
+_DEF = re.compile(r"^(?P<name>\w+) = async_compile\.(?P<kind>cpp_pybinding|cpp|triton)\(", re.MULTILINE)
+_EXTERN = re.compile(r"\bextern_kernels\.(\w+)\(")
+_PREFIXES = ("cpp_fused_", "triton_poi_fused_", "triton_per_fused_", "triton_red_fused_", "triton_tem_fused_",
+             "triton_fused_")
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    name: str                 # e.g. "cpp_fused__softmax_add_relu_sin_sum_0"
+    language: str             # "cpp" or "triton"
+    ops: tuple[str, ...]      # the ATen ops its name lists, e.g. ("_softmax", "add", "relu", "sin", "sum")
+
+
+@dataclass
+class InductorOutput:
+    result: Any               # what the compiled function returned
+    code: list[str]           # the output-code module(s), one per compiled graph
+
+    @property
+    def kernels(self) -> list[KernelDef]:
+        return [k for src in self.code for k in kernel_defs(src)]
+
+    @property
+    def extern(self) -> list[str]:
+        return [c for src in self.code for c in extern_calls(src)]
+
+
+@functools.lru_cache(maxsize=1)
+def _aten_op_names() -> frozenset[str]:
+    names = set()
+    for qualified in torch._C._dispatch_get_all_op_names():       # "aten::add.Tensor"
+        namespace, _, rest = qualified.partition("::")
+        if namespace in ("aten", "prims"):
+            names.add(rest.split(".")[0])
+    return frozenset(names)
+
+
+def kernel_ops(name: str) -> tuple[str, ...]:
+    """The ATen op names inside an Inductor kernel name (``"cpp_fused_add_cos_0"`` -> ``("add", "cos")``).
+
+    The name is the sorted op names joined by ``_``, and op names contain ``_`` themselves
+    (``native_layer_norm``, ``_softmax``), so it is split into known ATen/prims names by dynamic
+    programming, preferring the fewest pieces. A name that cannot be split is returned whole.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    body = name
+    for prefix in _PREFIXES:
+        if body.startswith(prefix):
+            body = body[len(prefix):]
+            break
+    body = re.sub(r"_\d+$", "", body)
+    known = _aten_op_names()
+    # best[i]: fewest pieces splitting body[:i] at "_" boundaries (a piece may start with "_")
+    best: list[tuple[int, tuple[str, ...]] | None] = [None] * (len(body) + 1)
+    best[0] = (0, ())
+    for i in range(len(body) + 1):
+        if best[i] is None:
+            continue
+        start = i + 1 if i > 0 else 0                               # skip the joining "_"
+        if i > 0 and (i >= len(body) or body[i] != "_"):
+            continue
+        for j in range(start + 1, len(body) + 1):
+            piece = body[start:j]
+            if piece in known and (j == len(body) or body[j] == "_"):
+                cand = (best[i][0] + 1, best[i][1] + (piece,))
+                if best[j] is None or cand[0] < best[j][0]:
+                    best[j] = cand
+    return best[len(body)][1] if best[len(body)] else (body,)
+
+
+def kernel_defs(code: str) -> list[KernelDef]:
+    """The kernels an output-code module defines, in order."""
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str (Inductor output code), got {type(code).__name__}")
+    return [KernelDef(m["name"], "triton" if m["kind"] == "triton" else "cpp", kernel_ops(m["name"]))
+            for m in _DEF.finditer(code)]
+
+
+def extern_calls(code: str) -> list[str]:
+    """Library calls (``extern_kernels.mm``, ``addmm``, ``bmm``, ``convolution``...) made by ``call``, in order."""
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str (Inductor output code), got {type(code).__name__}")
+    return _EXTERN.findall(code)
+
+
+def compile_and_read(fn: Callable, *args: Any, mode: str | None = None, dynamic: bool | None = False,
+                     **options) -> InductorOutput:
+    """Compile ``fn`` with Inductor, run it on ``args``, and return the result and the output code.
+
+    Dynamo is reset first (``run_and_get_code`` does so), so every compiled function in the process is
+    recompiled on its next call; compiled artefacts come from Inductor's on-disk cache when the same
+    graph was compiled before (``TORCHINDUCTOR_CACHE_DIR``), which is what makes repeats cheap.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if mode not in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        raise ValueError(f"mode must be a torch.compile mode, got {mode!r}")
+    from torch._inductor.utils import run_and_get_code
+
+    compiled = torch.compile(fn, mode=mode, dynamic=dynamic, options=options or None)
+    result, code = run_and_get_code(compiled, *args)
+    return InductorOutput(result=result, code=list(code))
