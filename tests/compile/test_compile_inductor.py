@@ -63,7 +63,7 @@ def test_reading_output_code_without_compiling():
 
 
 def test_capstone_compiled_per_block_matches_eager():
-    from ptinternals.compile.speed import compare_gpt
+    from ptinternals.compile.speed import compare_gpt, compile_blocks
     from ptinternals.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
@@ -76,5 +76,25 @@ def test_capstone_compiled_per_block_matches_eager():
         compare_gpt(tiny, seq_len=9)
     with pytest.raises(TypeError, match="ptinternals.gpt.GPT"):
         compare_gpt(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="blocks in model.transformer.h"):
+        compile_blocks(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="batch must be a positive int"):
         compare_gpt(tiny, batch=0)
+
+
+def test_regional_compilation_compiles_one_graph_for_every_block():
+    from ptinternals.compile.backends import RecordingBackend
+    from ptinternals.compile.speed import compile_blocks
+    from ptinternals.gpt import GPT, GPTConfig
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, n_layer=3, n_head=2, n_embd=8, block_size=8, dropout=0.0)).eval()
+    idx = torch.randint(0, 11, (2, 8))
+    with torch.no_grad():
+        want = model(idx)[0]
+        rec = RecordingBackend()
+        assert compile_blocks(model, backend=rec) is model
+        torch.testing.assert_close(model(idx)[0], want)
+    assert rec.graph_count == 1                       # three blocks, one compiled graph
+    assert not any("embedding" in op for op in rec.graphs[0].ops)   # the embeddings stay eager

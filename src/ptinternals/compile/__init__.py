@@ -9,7 +9,9 @@ ATen ops into loops and writes C++ (CPU) or Triton (GPU) kernels. Every stage is
 =================  ===============================================================================
 ``backends``       ``RecordingBackend``: a Dynamo backend keeping every graph, its ops and guards
 ``explain``        graph counts and graph-break reasons from ``torch._dynamo.explain``
+``graph_breaks``   the break rule as code: ``predict_graphs`` for straight-line programs
 ``recompiles``     ``run_and_count``: which calls compile, and the guard that failed
+``guard_rules``    the cache and automatic-dynamic rule as code: ``predict_compiles``
 ``fx_pattern``     pattern replacement (``replace_pattern``), ``fuse_bias_gelu`` into a custom op
 ``fx_dce``         dead code elimination that knows in-place methods and random ops
 ``fx_cse``         common subexpression elimination (what AOTAutograd runs on the joint graph)
@@ -20,7 +22,7 @@ ATen ops into loops and writes C++ (CPU) or Triton (GPU) kernels. Every stage is
 ``partition``      the min-cut save/recompute partitioner and the "save everything" default
 ``aot_capture``    ``capture_aot``: AOTAutograd's joint graph, forward, backward and saved tensors
 ``inductor``       ``compile_and_read``: generated kernels, what each fused, library calls
-``speed``          ``compare_gpt``: the capstone model compiled vs eager (whole or per block)
+``speed``          ``compile_blocks`` (regional compilation), ``compare_gpt``: compiled vs eager
 =================  ===============================================================================
 
 Figures live in ``ptinternals.viz.compile``. Importing this package imports no submodule, so

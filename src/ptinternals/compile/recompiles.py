@@ -11,10 +11,11 @@ What a guard checks, and so what makes a call recompile:
 =========================  =================================================================
 tensor inputs              dtype, device, requires_grad, dim, sizes and strides (each size as
                            a constant until a size changes: then "automatic dynamic shapes"
-                           recompiles once with that dim symbolic, and later sizes reuse it),
+                           recompiles once with that dim symbolic, and later sizes reuse it;
+                           sizes 0 and 1 stay specialised, so a change to 1 recompiles too),
                            dispatch keys (e.g. inference mode)
-Python ints / floats       their value, until one changes: ints then become symbolic too
-                           (floats, bools and strings stay specialised)
+Python ints and floats     their value, until one changes: then they become symbolic too
+                           (``specialize_float=False``, the default in current torch)
 bools, strings, None       their value (a branch on them was resolved while tracing)
 globals and modules        identity (``ID_MATCH``) of functions and modules used, and the value
                            of global constants read

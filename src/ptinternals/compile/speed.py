@@ -30,7 +30,7 @@ import torch
 
 from ..benchmark import time_ms
 
-__all__ = ["SpeedReport", "compare_gpt"]
+__all__ = ["SpeedReport", "compare_gpt", "compile_blocks"]
 
 
 @dataclass
@@ -61,6 +61,22 @@ class SpeedReport:
                 f"compile {self.compile_s:.1f} s; eager {self.eager_ms:.2f} ms ({e:,.0f} tok/s), "
                 f"compiled {self.compiled_ms:.2f} ms ({c:,.0f} tok/s): {self.speedup:.2f}x; "
                 f"max |diff| {self.max_abs_diff:.1e}")
+
+
+def compile_blocks(model: torch.nn.Module, backend="inductor", **options) -> torch.nn.Module:
+    """Regional compilation: compile every transformer block of the GPT in place, return the model.
+
+    ``nn.Module.compile`` swaps the block's call for a compiled one (``block._compiled_call_impl``), so
+    the model object and its ``state_dict`` stay as they are. All blocks share ``Block.forward``'s code
+    and their parameters are graph inputs, so Dynamo compiles one graph and every block reuses it.
+    """
+    blocks = getattr(getattr(model, "transformer", None), "h", None)
+    if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
+        raise TypeError(f"model must be a ptinternals.gpt.GPT (blocks in model.transformer.h), got "
+                        f"{type(model).__name__}")
+    for block in blocks:
+        block.compile(backend=backend, **options)
+    return model
 
 
 def compare_gpt(model: torch.nn.Module | None = None, *, batch: int = 8, seq_len: int | None = None,
@@ -94,9 +110,7 @@ def compare_gpt(model: torch.nn.Module | None = None, *, batch: int = 8, seq_len
         eager = copy.deepcopy(model).to(device).eval()
         compiled = copy.deepcopy(eager)
         if regional:
-            for block in compiled.transformer.h:
-                block.compile()
-            run_compiled = compiled
+            run_compiled = compile_blocks(compiled)
         else:
             run_compiled = torch.compile(compiled)
         g = torch.Generator().manual_seed(seed)
