@@ -20,7 +20,7 @@ def compiled():
 
     metrics.reset()
     x, w = torch.randn(16, 24), torch.randn(24, 8)
-    out = compile_and_read(mm_between, x, w)
+    out = compile_and_read(mm_between, x, w, fusion=True)
     return out, (x, w), metrics.generated_kernel_count
 
 
@@ -31,6 +31,8 @@ def test_kernels_fusion_and_library_calls(compiled):
     kernels = out.kernels
     assert [k.language for k in kernels] == ["cpp", "cpp"]
     assert [set(k.ops) for k in kernels] == [{"sin"}, {"add", "relu", "sum"}]
+    # the ops read back from the names are the ops Inductor's scheduler fused (its nodes' origins)
+    assert [(f"cpp_{name}", ops) for name, ops in out.fusion] == [(k.name.rsplit("_", 1)[0], k.ops) for k in kernels]
     assert out.extern == ["mm"]                        # the matmul is a library call, not generated
     assert loop_nests >= len(kernels)                  # metrics count loop nests, not functions
 

@@ -20,9 +20,9 @@ from ptinternals.compile.partition import (
     extract_forward_backward,
     min_cut_partition,
     min_cut_saved,
-    saving_cost,
     torch_min_cut_config,
 )
+from ptinternals.compile.save_costs import saving_cost
 
 from .programs import Program, random_program
 

@@ -18,11 +18,13 @@ ATen ops into loops and writes C++ (CPU) or Triton (GPU) kernels. Every stage is
 ``fx_shape_prop``  ``ShapeProp``: shapes, strides and bytes by an FX Interpreter, real or fake
 ``fx_interpreter`` ``NonFiniteLocator``: an Interpreter that finds the op that made the first NaN
 ``joint_graph``    the joint forward-backward graph: node classes, bytes, distances, op kinds
+``save_costs``     torch's cost model: what saving a value costs, which values may not be recomputed
 ``maxflow``        Edmonds-Karp max flow and the canonical minimum cut
 ``partition``      the min-cut save/recompute partitioner and the "save everything" default
 ``aot_capture``    ``capture_aot``: AOTAutograd's joint graph, forward, backward and saved tensors
-``inductor``       ``compile_and_read``: generated kernels, what each fused, library calls
+``inductor``       ``compile_and_read``: generated kernels, what the scheduler fused, library calls
 ``speed``          ``compile_blocks`` (regional compilation), ``compare_gpt``: compiled vs eager
+``scaffold``       the program families the exercises predict (shipped to the grading sandbox)
 =================  ===============================================================================
 
 Figures live in ``ptinternals.viz.compile``. Importing this package imports no submodule, so

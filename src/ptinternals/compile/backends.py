@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-__all__ = ["GuardRecord", "GraphRecord", "RecordingBackend", "graph_ops", "describe_input"]
+__all__ = ["GuardRecord", "GraphRecord", "RecordingBackend", "make_recording_backend", "graph_ops", "describe_input"]
 
 
 @dataclass(frozen=True)
@@ -212,3 +212,16 @@ class RecordingBackend:
     def recompile_count(self) -> int:
         """Graphs compiled for a frame that had been compiled before (attempt > 0)."""
         return sum(1 for g in self.graphs if g.is_recompile)
+
+
+def make_recording_backend() -> tuple[Callable, list[fx.GraphModule]]:
+    """The smallest useful backend: ``(backend, graphs)``; ``backend`` appends each graph it is given
+    to ``graphs`` and returns ``gm.forward``, so the program runs exactly as Dynamo captured it."""
+    graphs: list[fx.GraphModule] = []
+
+    def backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
+        graphs.append(gm)              # the GraphModule Dynamo built: its graph, code and example values
+        return gm.forward              # Dynamo calls this instead of the captured bytecode region
+
+    return backend, graphs
+

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-__all__ = ["Match", "pattern_graph", "find_matches", "replace_pattern", "fuse_bias_gelu"]
+__all__ = ["Match", "pattern_graph", "find_matches", "replace_pattern", "fuse_add_gelu", "fuse_bias_gelu"]
 
 
 @dataclass
@@ -178,6 +178,18 @@ def replace_pattern(gm: fx.GraphModule, pattern, replacement,
 
 def _bias_gelu_pattern(x, bias):
     return torch.nn.functional.gelu(x + bias)
+
+
+def fuse_add_gelu(gm: fx.GraphModule, fused_op: Callable) -> int:
+    """Replace every self-contained ``F.gelu(a + b)`` by ``fused_op(a, b)``; return how many (no shape
+    check: ``fused_op`` must broadcast like ``+``). The exercise's entry; same result as torch's
+    ``subgraph_rewriter.replace_pattern`` with the same pattern."""
+    if not callable(fused_op):
+        raise TypeError(f"fused_op must be callable, got {type(fused_op).__name__}")
+    rgraph = fx.Graph()
+    a, b = rgraph.placeholder("a"), rgraph.placeholder("b")
+    rgraph.output(rgraph.call_function(fused_op, (a, b)))
+    return len(replace_pattern(gm, _bias_gelu_pattern, rgraph))
 
 
 def _value(node: Any):

@@ -1,8 +1,8 @@
 """Where Dynamo breaks a graph, as a rule you can run (torch/_dynamo/symbolic_convert.py,
 torch/_dynamo/output_graph.py ``compile_subgraph``).
 
-Programs here are straight-line lists of statements over one tensor ``x`` (:data:`STATEMENTS`), turned
-into real Python functions by :func:`build_program`, so the rule can be checked against
+Programs here are straight-line lists of statements over one tensor ``x`` (``scaffold.STATEMENTS``),
+turned into real Python functions by ``scaffold.build_program``, so the rule can be checked against
 ``torch._dynamo.explain`` on any list. Dynamo traces a frame statement by statement, putting tensor ops
 in the current *region*. At a statement it cannot trace it ends the region, compiles it (a graph
 **only if the region holds at least one op**: an empty region is no graph), lets Python run the
@@ -40,49 +40,11 @@ a break carries that break as its reason, so ``len(break_reasons)`` counts the b
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
-import torch
+from .scaffold import STATEMENTS, build_program, check_statements
 
 __all__ = ["STATEMENTS", "build_program", "predict_graphs"]
-
-STATEMENTS = {
-    "op": ["x = x.sin()"],
-    "no_grad": ["with torch.no_grad():", "    x = x * 2"],
-    "print": ["print('.', end='')"],
-    "graph_break": ["torch._dynamo.graph_break()"],
-    "item": ["x = x + x.sum().item()"],
-    "branch": ["if x.sum() > 0:", "    x = x + 1", "else:", "    x = x - 1"],
-    "helper": ["x = helper(x)"],
-}
-
-
-def _check(statements: Sequence[str]) -> list[str]:
-    if isinstance(statements, str) or not isinstance(statements, Sequence):
-        raise TypeError(f"statements must be a list of statement names, got {type(statements).__name__}")
-    unknown = [s for s in statements if s not in STATEMENTS]
-    if unknown:
-        raise ValueError(f"unknown statements {unknown}; known: {sorted(STATEMENTS)}")
-    return list(statements)
-
-
-def build_program(statements: Sequence[str]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A fresh Python function ``prog(x)`` running ``statements`` in order, then ``return x``.
-
-    Each call makes new code objects (the program and its helper), so nothing compiled for an earlier
-    program is reused.
-    """
-    lines = ["def helper(x):", "    x = x.cos()", "    print('.', end='')", "    return x.exp()", "",
-             "def prog(x):"]
-    for s in _check(statements):
-        lines.extend("    " + line for line in STATEMENTS[s])
-    lines.append("    return x")
-    namespace = {"torch": torch}
-    exec(compile("\n".join(lines) + "\n", "<graph_breaks program>", "exec"), namespace)
-    prog = namespace["prog"]
-    prog.source = "\n".join(lines[5:])
-    return prog
-
 
 def predict_graphs(statements: Sequence[str]) -> tuple[int, int]:
     """``(graph_count, breaks reported)`` that ``torch._dynamo.explain`` gives for the program."""
@@ -97,7 +59,7 @@ def predict_graphs(statements: Sequence[str]) -> tuple[int, int]:
             breaks += at_break
         ops = 0
 
-    for s in _check(statements):
+    for s in check_statements(statements):
         if s in ("op", "no_grad"):
             ops += 1
         elif s in ("print", "graph_break"):

@@ -7,11 +7,11 @@ The function under study is fixed (:data:`SOURCE`)::
         y = x.sin() * n
         return y.cos() if flag else y
 
-and a call is described by a :class:`CallSpec`: ``x``'s shape, dtype, requires_grad and layout
+and a call is described by a ``scaffold.CallSpec``: ``x``'s shape, dtype, requires_grad and layout
 (contiguous, or the transpose of a contiguous tensor), the int ``n`` and the bool ``flag``. (``n`` stays
 an int: when a Python number changes *type*, what Dynamo remembers about it follows rules that changed
 between releases, so the model leaves them out.)
-:func:`make_args` turns a spec into real arguments, so the rule can be checked against Dynamo with
+``scaffold.make_args`` turns a spec into real arguments, so the rule can be checked against Dynamo with
 ``recompiles.run_and_count``.
 
 The model of Dynamo's cache, as :func:`predict_compiles` runs it:
@@ -35,70 +35,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import torch
+from .scaffold import SOURCE, CallSpec, f, make_args
 
 __all__ = ["SOURCE", "CallSpec", "f", "make_args", "predict_compiles", "RECOMPILE_LIMIT"]
 
-SOURCE = '''def f(x, n, flag):
-    y = x.sin() * n
-    return y.cos() if flag else y
-'''
-
 RECOMPILE_LIMIT = 8                     # torch._dynamo.config.recompile_limit's default
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def f(x, n, flag):
-    y = x.sin() * n
-    return y.cos() if flag else y
-
-
-@dataclass(frozen=True)
-class CallSpec:
-    shape: tuple[int, ...] = (4,)
-    dtype: str = "float32"
-    requires_grad: bool = False
-    transposed: bool = False              # x = contiguous(shape reversed).t(): rank-2 shapes only
-    n: int = 2
-    flag: bool = True
-
-    def __post_init__(self):
-        if not isinstance(self.shape, tuple) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                                         for s in self.shape):
-            raise ValueError(f"shape must be a tuple of ints >= 0, got {self.shape!r}")
-        if not 1 <= len(self.shape) <= 3:
-            raise ValueError(f"shape must have 1 to 3 dims, got {self.shape!r}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if self.transposed and len(self.shape) != 2:
-            raise ValueError(f"transposed needs a rank-2 shape, got {self.shape!r}")
-        if isinstance(self.n, bool) or not isinstance(self.n, int):
-            raise TypeError(f"n must be an int, got {type(self.n).__name__}")
-        if not isinstance(self.flag, bool) or not isinstance(self.requires_grad, bool):
-            raise TypeError("flag and requires_grad must be bools")
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        base = self.shape[::-1] if self.transposed else self.shape
-        strides, running = [], 1
-        for size in reversed(base):
-            strides.append(running)
-            running *= max(size, 1)
-        strides = tuple(reversed(strides))
-        return strides[::-1] if self.transposed else strides
-
-
-def make_args(spec: CallSpec, seed: int = 0) -> tuple:
-    """Real arguments ``(x, n, flag)`` for a spec."""
-    if not isinstance(spec, CallSpec):
-        raise TypeError(f"spec must be a CallSpec, got {type(spec).__name__}")
-    g = torch.Generator().manual_seed(seed)
-    base_shape = spec.shape[::-1] if spec.transposed else spec.shape
-    x = torch.randn(base_shape, generator=g).to(_DTYPES[spec.dtype])
-    if spec.transposed:
-        x = x.t()
-    return x.requires_grad_(spec.requires_grad), spec.n, spec.flag
 
 
 @dataclass

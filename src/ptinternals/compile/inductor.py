@@ -23,6 +23,7 @@ nests generated, can exceed the number of kernel *functions* counted here.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ class KernelDef:
 class InductorOutput:
     result: Any               # what the compiled function returned
     code: list[str]           # the output-code module(s), one per compiled graph
+    fusion: list[tuple[str, tuple[str, ...]]] | None = None   # (fused name, ATen ops) per kernel, if recorded
 
     @property
     def kernels(self) -> list[KernelDef]:
@@ -118,13 +120,52 @@ def extern_calls(code: str) -> list[str]:
     return _EXTERN.findall(code)
 
 
+@contextlib.contextmanager
+def _recording_fusion(groups: list):
+    """Wrap Inductor's kernel namer (``get_fused_kernel_name``, torch/_inductor/utils.py) so each kernel's
+    ATen ops are read from the scheduler nodes' ``origins`` as Inductor generates it."""
+    import importlib
+
+    import torch._inductor.config as inductor_config
+    from torch._inductor import utils as inductor_utils
+
+    original = inductor_utils.get_fused_kernel_name
+
+    def recording(node_schedule, descriptive_names):
+        name = original(node_schedule, descriptive_names)
+        ops = sorted({o.meta["original_aten"]._overloadpacket.__name__
+                      for o in inductor_utils.aggregate_origins(node_schedule)
+                      if o.op == "call_function" and isinstance(o.meta.get("original_aten"), torch._ops.OpOverload)})
+        groups.append((name, tuple(ops)))
+        return name
+
+    patched = []
+    for module_name in ("torch._inductor.codegen.cpp", "torch._inductor.codegen.triton"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:                                   # pragma: no cover - a backend missing
+            continue
+        if getattr(module, "get_fused_kernel_name", None) is original:
+            module.get_fused_kernel_name = recording          # the codegen modules import it by name
+            patched.append(module)
+    try:
+        with inductor_config.patch(fx_graph_cache=False):     # a cache hit would generate nothing
+            yield
+    finally:
+        for module in patched:
+            module.get_fused_kernel_name = original
+
+
 def compile_and_read(fn: Callable, *args: Any, mode: str | None = None, dynamic: bool | None = False,
-                     **options) -> InductorOutput:
+                     fusion: bool = False, **options) -> InductorOutput:
     """Compile ``fn`` with Inductor, run it on ``args``, and return the result and the output code.
 
     Dynamo is reset first (``run_and_get_code`` does so), so every compiled function in the process is
     recompiled on its next call; compiled artefacts come from Inductor's on-disk cache when the same
     graph was compiled before (``TORCHINDUCTOR_CACHE_DIR``), which is what makes repeats cheap.
+    ``fusion=True`` also records what the scheduler fused into each kernel (``InductorOutput.fusion``),
+    from Inductor's own nodes; that needs code generation, so the FX graph cache is skipped for this
+    compile (the C++ build is still cached by its source).
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -133,5 +174,7 @@ def compile_and_read(fn: Callable, *args: Any, mode: str | None = None, dynamic:
     from torch._inductor.utils import run_and_get_code
 
     compiled = torch.compile(fn, mode=mode, dynamic=dynamic, options=options or None)
-    result, code = run_and_get_code(compiled, *args)
-    return InductorOutput(result=result, code=list(code))
+    groups: list = []
+    with _recording_fusion(groups) if fusion else contextlib.nullcontext():
+        result, code = run_and_get_code(compiled, *args)
+    return InductorOutput(result=result, code=list(code), fusion=groups if fusion else None)

@@ -28,7 +28,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Hashable
 
-__all__ = ["FlowNetwork", "MinCut", "UnboundedFlow"]
+__all__ = ["FlowNetwork", "MinCut", "UnboundedFlow", "min_cut"]
 
 
 class UnboundedFlow(ValueError):
@@ -128,3 +128,17 @@ def _path(parent: dict, t) -> str:
         names.append(str(v))
         v = parent[v]
     return " -> ".join(reversed(names))
+
+
+def min_cut(edges, source: Hashable, sink: Hashable) -> tuple[float, set]:
+    """``(cut value, sink side)`` for a list of ``(u, v, capacity)`` edges: the chapter's exercise entry."""
+    if isinstance(edges, (str, bytes)) or not hasattr(edges, "__iter__"):
+        raise TypeError(f"edges must be a list of (u, v, capacity), got {type(edges).__name__}")
+    net = FlowNetwork()
+    for i, edge in enumerate(edges):
+        if not isinstance(edge, (tuple, list)) or len(edge) != 3:
+            raise ValueError(f"edges[{i}] must be (u, v, capacity), got {edge!r}")
+        net.add_edge(*edge)
+    cut = net.min_cut(source, sink)
+    return cut.value, cut.sink_side
+

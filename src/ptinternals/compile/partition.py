@@ -40,10 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 from dataclasses import dataclass
 
-import torch
 import torch.fx as fx
 
 from .fx_cse import eliminate_common_subexpressions
@@ -58,8 +56,9 @@ from .joint_graph import (
     op_kind,
 )
 from .maxflow import FlowNetwork
+from .save_costs import ban_reason, saving_cost
 
-__all__ = ["Partition", "saving_cost", "build_network", "min_cut_saved", "default_saved",
+__all__ = ["Partition", "build_network", "min_cut_saved", "default_saved",
            "extract_forward_backward", "min_cut_partition", "default_partition", "torch_min_cut_config"]
 
 INF = math.inf
@@ -77,61 +76,6 @@ class Partition:
         """Forward ops the backward runs again (a node name in both graphs, not a placeholder)."""
         fw = {n.name for n in self.forward.graph.nodes if n.op == "call_function"}
         return [n.name for n in self.backward.graph.nodes if n.op == "call_function" and n.name in fw]
-
-
-def _is_fusible(a: fx.Node, b: fx.Node) -> bool:
-    if b.op == "call_function" and getattr(b.target, "overloadpacket", None) is torch.ops.aten.cat:
-        return True                                   # "memory fusion" into a cat
-    return "fusible" in op_kind(a) and "fusible" in op_kind(b)
-
-
-def _is_materialized(node: fx.Node) -> bool:
-    return node.op == "placeholder" or not all(_is_fusible(node, u) for u in node.users)
-
-
-def _is_materialized_backwards(node: fx.Node, info: NodeInfo) -> bool:
-    """Some backward user (through views) cannot fuse with it: the backward writes it out anyway."""
-    if "view" in op_kind(node):
-        return False
-    seen, todo = set(), [node]
-    while todo:
-        cur = todo.pop()
-        for user in cur.users:
-            if not info.is_required_fw(user) and not _is_fusible(cur, user):
-                return True
-            if "view" in op_kind(user) and user not in seen:
-                seen.add(user)
-                todo.append(user)
-    return False
-
-
-def _ban_reason(node: fx.Node, info: NodeInfo) -> str | None:
-    """Why a forward node may not be recomputed in the backward (torch's should_ban_recomputation)."""
-    if node.op != "call_function":
-        return None
-    kinds = op_kind(node)
-    if "view" in kinds or node.target is operator.getitem:
-        return None
-    if "recomputable" not in kinds:
-        return "compute intensive" if "compute_intensive" in kinds else \
-               "random" if "random" in kinds else "not in the recomputable list"
-    if _is_materialized_backwards(node, info):
-        return "materialized in backward"
-    inputs = sum(node_bytes(a) for a in node.args if isinstance(a, fx.Node))
-    if node_bytes(node) * 4 < inputs:
-        return "reduction (output 4x smaller than inputs)"
-    return None
-
-
-def saving_cost(node: fx.Node, dist: int, static_inputs: frozenset = frozenset()) -> float:
-    """torch's ``get_node_weight``: bytes x 1.1^clamp(dist, 1, 100) (x2 if not materialised); 0 for static inputs."""
-    if node in static_inputs:
-        return 0
-    val = node.meta.get("val")
-    if val is not None and not isinstance(val, (torch.Tensor, torch.SymInt)):
-        return INF                                    # a tuple or other non-tensor cannot be saved
-    weight = int(node_bytes(node) * (1.1 ** max(min(dist, 100), 1)))
-    return weight if _is_materialized(node) else weight * 2
 
 
 def build_network(joint: fx.GraphModule, num_fwd_outputs: int, static_inputs=()) -> tuple[FlowNetwork, dict]:
@@ -158,7 +102,7 @@ def build_network(joint: fx.GraphModule, num_fwd_outputs: int, static_inputs=())
                 continue
         if is_primal(node):
             ban(node, "primal input")
-        reason = _ban_reason(node, info)
+        reason = ban_reason(node, info)
         if reason is not None and info.is_required_fw(node):
             ban(node, reason)
         net.add_edge(node.name + "_in", node.name + "_out", saving_cost(node, dist[node], static))
