@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptinternals.compile.maxflow import FlowNetwork, UnboundedFlow
+from ptinternals.compile.maxflow import FlowNetwork, UnboundedFlow, min_cut
 
 # capacities with many ties (0, 1, 2) and infinite edges: the cases where "which min cut" matters
 capacity = st.sampled_from([0, 1, 1, 2, 2, 3, 5, math.inf])
@@ -86,3 +86,15 @@ def test_unknown_terminals_are_refused():
         net.min_cut("s", "x")
     with pytest.raises(ValueError, match="differ"):
         net.min_cut("s", "s")
+
+
+def test_flow_must_be_cancelled_along_a_reverse_edge():
+    # the shortest augmenting path s-a-b-t blocks both others; the second unit reroutes through b -> a
+    edges = [("s", "a", 1), ("a", "b", 1), ("b", "t", 1), ("a", "x", 1), ("x", "y", 1), ("y", "t", 1),
+             ("s", "w", 1), ("w", "z", 1), ("z", "b", 1)]
+    net = FlowNetwork()
+    for e in edges:
+        net.add_edge(*e)
+    assert net.min_cut("s", "t").value == 2 == min_cut(edges, "s", "t")[0]
+    with pytest.raises(ValueError, match=r"edges\[0\] must be \(u, v, capacity\)"):
+        min_cut([("s", "t")], "s", "t")

@@ -16,6 +16,7 @@ import networkx as nx
 import pytest
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch.fx import subgraph_rewriter
 
 from ptinternals.compile import fx_dce, graph_breaks, guard_rules
@@ -70,6 +71,14 @@ def test_markers_and_checks():
         assert f'check("compile.{name}", ' in text and f"{{{{exercise {name}}}}}" in text
     assert text.count("### BEGIN SOLUTION") == len(EXERCISES) == text.count("# twin: ptinternals.compile.")
     assert not re.search(r"\bch\d\d|[Cc]hapter \d", text)          # chapters by slug, never by number
+    from ptinternals import course
+
+    for kind, arg in re.findall(r"\{\{(\w+)(?: ([\w.]+))?\}\}", text):   # build_notebooks' tokens only
+        assert kind in ("title", "chapter", "Chapter", "number", "exercise"), kind
+        if kind in ("chapter", "Chapter", "number"):
+            assert arg in course.SLUGS, arg
+        if kind == "exercise":
+            assert arg in EXERCISES, arg
 
 
 def test_recording_backend(answers, capsys):
@@ -131,7 +140,7 @@ def _canonical(gm):
                 memo[v] = f"{name}({', '.join(expr(a) for a in v.args)}; {sorted(v.kwargs.items())})"
         return memo[v]
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    return [expr(v) for v in out]
+    return [expr(v) for v in (out if isinstance(out, (tuple, list)) else (out,))]
 
 
 def test_fuse_add_gelu(answers):
@@ -157,6 +166,13 @@ def test_fuse_add_gelu(answers):
         for got, want in zip(ours(x, b), build_graph(spec)(x, b)):
             torch.testing.assert_close(got, want)
     run()
+
+    def tanh_gelu(x, b):                            # gelu with a keyword: not the pattern (torch agrees)
+        return F.gelu(x + b, approximate="tanh") + F.gelu(x + b)
+    ours, theirs = fx.symbolic_trace(tanh_gelu), fx.symbolic_trace(tanh_gelu)
+    n = fuse(ours, _fused)
+    assert n == len(subgraph_rewriter.replace_pattern(theirs, lambda a, b: F.gelu(a + b), replacement)) == 1
+    assert _canonical(ours) == _canonical(theirs)
 
 
 def test_dead_code(answers):
@@ -185,8 +201,14 @@ def test_dead_code(answers):
     assert torch.equal(state, torch.get_rng_state())
 
 
+# the shortest augmenting path s-a-b-t blocks both others: the second unit of flow must cancel a -> b
+NEEDS_CANCELLING = [("s", "a", 1), ("a", "b", 1), ("b", "t", 1), ("a", "x", 1), ("x", "y", 1), ("y", "t", 1),
+                    ("s", "w", 1), ("w", "z", 1), ("z", "b", 1)]
+
+
 def test_min_cut(answers):
     cut = answers["min_cut"]
+    assert cut(NEEDS_CANCELLING, "s", "t") == (2, {"t"})     # networkx gives the same
     rng = random.Random(3)
     for _ in range(200):
         n = rng.randint(2, 8)
@@ -210,11 +232,14 @@ def test_choose_saved(answers):
     from ptinternals.compile.aot_capture import capture_aot
     from ptinternals.compile.fx_cse import eliminate_common_subexpressions
 
+    from .test_compile_partition import BOUNDARIES
+
     choose = answers["choose_saved"]
     rng = random.Random(4)
-    for _ in range(4):
-        program = random_program(rng)
-        cap = capture_aot(program, *program.inputs(0))
+    programs = [(random_program(rng), None) for _ in range(4)] + [(p, None) for p in BOUNDARIES.values()]
+    programs.append((BOUNDARIES["banned matmuls"], (True, False)))          # a frozen weight: t(w) is saved
+    for program, grad in programs:
+        cap = capture_aot(program, *program.inputs(0, grad))
         assert choose(eliminate_common_subexpressions(cap.joint), cap.num_fwd_outputs) == cap.saved, program.source()
 
 
@@ -242,6 +267,7 @@ def test_compile_blocks(answers):
             assert answers["compile_blocks"](model, rec) is model
             torch.testing.assert_close(model(idx)[0], want)
         assert rec.graph_count == 1 and not any("embedding" in op for op in rec.graphs[0].ops)
+        assert all(block._compiled_call_impl is not None for block in model.transformer.h)
 
 
 RUNNER = r'''
