@@ -103,6 +103,19 @@ class CallSpec:
         strides = tuple(reversed(strides))
         return strides[::-1] if self.transposed else strides
 
+    def as_dict(self) -> dict:
+        """The call as plain data (what the recompilation predictor is given): every field, and ``x``'s
+        strides under ``"stride"``."""
+        return {"shape": self.shape, "dtype": self.dtype, "requires_grad": self.requires_grad,
+                "transposed": self.transposed, "stride": self.strides, "n": self.n, "flag": self.flag}
+
+    @classmethod
+    def from_dict(cls, call: dict) -> "CallSpec":
+        if not isinstance(call, dict):
+            raise TypeError(f"call must be a dict, got {type(call).__name__}")
+        fields = {k: call[k] for k in ("dtype", "requires_grad", "transposed", "n", "flag") if k in call}
+        return cls(shape=tuple(call["shape"]), **fields)
+
 
 def make_args(spec: CallSpec, seed: int = 0) -> tuple:
     """Real arguments ``(x, n, flag)`` for a spec."""
