@@ -261,55 +261,66 @@ for c, r in zip(calls, report.calls):
 # %% [markdown]
 # ### {{exercise predict_compiles}}: which calls recompile?
 #
-# `scaffold.f` is the function above; a `CallSpec` describes one call of it (shape, dtype,
-# requires_grad, whether `x` is a transposed view, the int `n`, the bool `flag`). Write
+# `scaffold.f` is the function above. Each call of it is described as plain data, a dict such as
+# `CallSpec((9,), n=3).as_dict()`:
+# `{"shape": (9,), "dtype": "float32", "requires_grad": False, "transposed": False, "stride": (1,), "n": 3, "flag": True}`
+# (`transposed`: `x` is the transpose of a contiguous tensor; `stride`: `x.stride()`). Write
 # `predict_compiles(calls)` returning, for each call in order, `1` if Dynamo compiles during it and `0`
 # if not (a cache hit - or the recompile limit reached). Model the cache: guards on dtype,
-# requires_grad, rank, sizes (static, or symbolic: any size >= 2), strides, `n` and `flag`; automatic
-# dynamic dims and ints (a dim whose size differed from the *first* call's, or an `n` that differed,
-# stays symbolic in every later compile; a change of rank makes every dim symbolic); newest entry first;
-# at most 8 entries. The check compares with Dynamo's real compile counts on random call sequences.
+# requires_grad, rank, sizes (static, or symbolic: any size >= 2), strides (exact ones when every size
+# is static, else those of the entry's layout for the call's sizes), `n` and `flag`; automatic dynamic
+# dims and ints (a dim whose size differed from the *first* call's, or an `n` that differed, stays
+# symbolic in every later compile; a change of rank makes every dim symbolic); newest entry first; at
+# most `recompile_limit` entries. The check runs your function without torch (it is pure Python) and
+# compares with Dynamo's real compile counts on random call sequences.
 
 # %% [answer predict_compiles]
 def predict_compiles(calls, recompile_limit=8):
-    """1 if Dynamo compiles scaffold.f during the call, else 0, for each CallSpec in order."""
+    """1 if Dynamo compiles scaffold.f during the call, else 0, for each call (a dict) in order."""
     ### BEGIN SOLUTION
-    # twin: ptinternals.compile.guard_rules.predict_compiles
-    from ptinternals.compile.scaffold import CallSpec
-
+    # twin: ptinternals.compile.guard_rules.predict_compiles (which takes CallSpecs)
     entries, out = [], []
     first = None                    # (shape, n) of the first compiled call
     dynamic_dims, all_dynamic, n_dynamic = set(), False, False
 
-    def contiguous_or_t(shape, transposed):
-        return CallSpec(shape=shape, transposed=transposed).strides
+    def layout_strides(shape, transposed):
+        """x.stride() of a contiguous tensor of this shape, or of the transpose of one."""
+        base = shape[::-1] if transposed else shape
+        strides, running = [], 1
+        for size in reversed(base):
+            strides.append(running)
+            running *= max(size, 1)
+        strides = tuple(reversed(strides))
+        return strides[::-1] if transposed else strides
 
     def accepts(e, c):
-        if (c.dtype, c.requires_grad, c.flag, len(c.shape)) != (e["dtype"], e["rg"], e["flag"], len(e["sizes"])):
+        shape = tuple(c["shape"])
+        if (c["dtype"], c["requires_grad"], c["flag"], len(shape)) != (e["dtype"], e["rg"], e["flag"], len(e["sizes"])):
             return False
-        for want, size in zip(e["sizes"], c.shape):
+        for want, size in zip(e["sizes"], shape):
             if (want is None and size < 2) or (want is not None and want != size):
                 return False
-        strides = e["strides"] or contiguous_or_t(c.shape, e["transposed"])
-        return c.strides == strides and (e["n"] is None or e["n"] == c.n)
+        strides = e["strides"] or layout_strides(shape, e["transposed"])
+        return tuple(c["stride"]) == strides and (e["n"] is None or e["n"] == c["n"])
 
     for c in calls:
+        shape = tuple(c["shape"])
         if any(accepts(e, c) for e in reversed(entries)) or len(entries) >= recompile_limit:
             out.append(0)
             continue
         if first is None:
-            first = (c.shape, c.n)
+            first = (shape, c["n"])
         else:
-            if len(c.shape) != len(first[0]):
+            if len(shape) != len(first[0]):
                 all_dynamic = True
             else:
-                dynamic_dims |= {d for d, (a, b) in enumerate(zip(c.shape, first[0])) if a != b}
-            n_dynamic |= c.n != first[1]
-        sizes = tuple(None if (all_dynamic or d in dynamic_dims) and s >= 2 else s for d, s in enumerate(c.shape))
+                dynamic_dims |= {d for d, (a, b) in enumerate(zip(shape, first[0])) if a != b}
+            n_dynamic |= c["n"] != first[1]
+        sizes = tuple(None if (all_dynamic or d in dynamic_dims) and s >= 2 else s for d, s in enumerate(shape))
         static = None not in sizes
-        entries.append({"dtype": c.dtype, "rg": c.requires_grad, "flag": c.flag, "sizes": sizes,
-                        "strides": c.strides if static else None, "transposed": c.transposed,
-                        "n": None if n_dynamic else c.n})
+        entries.append({"dtype": c["dtype"], "rg": c["requires_grad"], "flag": c["flag"], "sizes": sizes,
+                        "strides": tuple(c["stride"]) if static else None, "transposed": c["transposed"],
+                        "n": None if n_dynamic else c["n"]})
         out.append(1)
     return out
     ### END SOLUTION
@@ -456,8 +467,6 @@ def eliminate_dead_code(gm):
             return True
         if node.op == "call_method":
             return node.target.endswith("_") and not node.target.endswith("__")
-        if node.op == "call_module":
-            return getattr(gm.get_submodule(node.target), "_is_impure", False)
         if node.op != "call_function":
             return False
         op = node.target

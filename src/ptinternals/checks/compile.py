@@ -1,0 +1,1201 @@
+"""The compile chapter's graded exercises: cases, expected answers from real torch, and likely causes.
+
+Where the truth comes from (never from the rules written down in ``ptinternals.compile``):
+
+- compile.recording_backend: the graphs torch's own recording backend (``torch._dynamo.testing.EagerAndRecordGraphs``)
+  is handed for the same program and calls, and eager mode's outputs;
+- compile.predict_graphs: ``torch._dynamo.explain`` (``graph_count``, ``len(break_reasons)``);
+- compile.predict_compiles: how many frames Dynamo compiles during each call (``torch._dynamo.testing.CompileCounter``);
+- compile.fuse_add_gelu: ``torch.fx.subgraph_rewriter.replace_pattern``, and the original graph's outputs;
+- compile.dead_code: ``torch.fx.Graph.eliminate_dead_code`` with ``Node.is_impure`` plus the two rules torch misses
+  at the torch level (in-place methods, ``F.dropout``), checked against the original graph's behaviour;
+- compile.min_cut: ``networkx.minimum_cut``, the solver AOTAutograd's partitioner calls;
+- compile.choose_saved: the tensors AOTAutograd's ``min_cut_rematerialization_partition`` saves;
+- compile.read_kernels: Inductor's own record of the kernels it generated and the ATen ops each fused;
+- compile.compile_blocks: eager mode's logits and gradients, and a counting backend's graphs and calls.
+
+The expected answers need Dynamo, AOTAutograd and Inductor (about a minute in all on a 2-core CPU): they
+are computed once per process, through ``Exercise.cases_and_expected``. Nothing in the sandbox runs
+Inductor's C++ compiler: the student's code meets Dynamo and AOTAutograd only (milliseconds per graph).
+
+The prediction and min-cut exercises run with torch, numpy and networkx absent. Every exercise also
+carries a :class:`Policy`: what its source must not use (torch's own rewriter, partitioner, DCE...),
+checked on the submission's source in the grader's process (see the end of this file).
+"""
+from __future__ import annotations
+
+import ast
+import math
+import re
+import string
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from hypothesis import strategies as st
+
+from ..compile.scaffold import STATEMENTS, CallSpec, build_program, make_args
+from ..compile.workloads import FX_STEPS, IMPURE_STEPS, PROGRAM_OPS, Program, fx_graph
+from ..grading._runtime import Raised
+from ..grading.cases import draw
+from ..grading.compare import close_tensors, describe
+from ..grading.exercise import Case, Chapter, Exercise, Raises
+from .probes import compile as P
+
+PLAIN = ("torch", "numpy", "networkx")  # absent while the plain-Python exercises are graded
+
+
+def _first_difference(got: list, want: list) -> int:
+    return next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+
+
+def _close_all(got, want, what: str) -> str | None:
+    if not isinstance(got, list) or len(got) != len(want):
+        return f"{what}: expected {len(want)} tensors, got {describe(got)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        problem = close_tensors(g, w, rtol=1e-5, atol=1e-6)
+        if problem:
+            return f"{what}[{i}]: {problem}"
+    return None
+
+
+class CompileExercise(Exercise):
+    """An exercise of this chapter: its :class:`Policy` is checked on the source by the trusted grader."""
+
+    policy: Policy | None = None
+
+    def static_problems(self, cells: list[dict]) -> str | None:
+        """What the submission's answer ``cells`` use that this exercise forbids (None: nothing)."""
+        violations = check_policy(self, cells, POLICY_ALLOW)
+        return describe_violations(self, violations) if violations else None
+
+
+# ================================================================================================
+# compile.recording_backend: a backend that keeps every graph
+# ================================================================================================
+def _statements(min_size=0, max_size=6):
+    return st.lists(st.sampled_from(sorted(STATEMENTS)), min_size=min_size, max_size=max_size)
+
+
+def _program_label(statements, sizes=None) -> str:
+    text = "program [" + ", ".join(statements) + "]" if statements else "the empty program"
+    return text + (f", called on sizes {', '.join(map(str, sizes))}" if sizes and len(sizes) > 1 else "")
+
+
+class RecordingBackend(CompileExercise):
+    id, entry, points = "compile.recording_backend", "make_recording_backend", 1
+    title = "a Dynamo backend that keeps every graph"
+    probe = "ptinternals.checks.probes.compile:record_graphs"
+    timeout_s = 120.0
+
+    def visible_cases(self):
+        return [Case((s, z), label=_program_label(s, z)) for s, z in (
+            (["op", "op"], (3,)), (["op", "print", "op"], (3,)), (["helper", "op"], (3,)), (["op"], (3, 5)))]
+
+    def hidden_cases(self):
+        fixed = [([], (3,)), (["print"], (3,)), (["item", "branch"], (4,)), (["helper", "helper"], (3,)),
+                 (["graph_break", "op", "graph_break"], (3,)), (["op", "no_grad"], (3, 5, 7)),
+                 (["branch", "print"], (4, 1)), (["op", "print"], (2, 3))]
+        drawn = draw(st.tuples(_statements(), st.sampled_from([(3,), (3,), (3, 5), (2, 2)])), 6)
+        return [Case((s, z), label=_program_label(s, z)) for s, z in fixed + drawn]
+
+    def expected(self, case):
+        from torch._dynamo.testing import EagerAndRecordGraphs
+
+        statements, sizes = case.args
+        recorder = EagerAndRecordGraphs()
+        got = P.record_graphs(lambda: (recorder, recorder.graphs), statements, sizes)
+        fn = build_program(statements)
+        with P.quiet():
+            eager = [fn(P.program_input(n)) for n in sizes]
+        return {"graphs": got["graphs"], "outputs": eager}
+
+    def compare(self, case, got, expected):
+        if not isinstance(got, dict):
+            return f"the grader could not read your result: {describe(got)}"
+        graphs, want = got["graphs"], expected["graphs"]
+        for i, (kind, ops) in enumerate(graphs):
+            if ops is None:
+                return f"graphs[{i}] is a {kind}: keep the torch.fx.GraphModule your backend is given"
+        if len(graphs) != len(want):
+            return (f"Dynamo handed the backend {len(want)} graph(s) {[ops for _, ops in want]}\n"
+                    f"     your list holds {len(graphs)}: {[ops for _, ops in graphs]}")
+        for i, ((_, g), (_, w)) in enumerate(zip(graphs, want)):
+            if g != w:
+                return f"graph {i} should hold the ops {w}\n     got {g}"
+        return _close_all(got["outputs"], expected["outputs"], "the compiled program's output")
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, dict):
+            return None
+        n, want = len(got["graphs"]), len(expected["graphs"])
+        if want > 1 and n == 1:
+            return ("only the last graph is kept: append each graph to the same list, never replace the list "
+                    "(Dynamo calls the backend once per graph: after each graph break, at each recompilation).")
+        if want and n == 0:
+            return "the list returned is not the one the backend appends to: return the very list you fill."
+        return None
+
+
+# ================================================================================================
+# compile.predict_graphs: explain's graphs and breaks, predicted
+# ================================================================================================
+def explain_counts(statements) -> tuple[int, int]:
+    with P.quiet():
+        out = torch._dynamo.explain(build_program(statements))(torch.ones(3))
+    return int(out.graph_count), len(out.break_reasons)
+
+
+class PredictGraphs(CompileExercise):
+    id, entry, points = "compile.predict_graphs", "predict_graphs", 2
+    title = "predict Dynamo's graphs and graph breaks"
+    forbid = PLAIN
+    timeout_s = 10.0
+
+    def visible_cases(self):
+        return [Case((s,), label=_program_label(s)) for s in (
+            ["op", "op"], ["op", "print", "op"], ["op", "print"], ["print", "op"], ["item"], ["op", "helper", "op"])]
+
+    def hidden_cases(self):
+        fixed = [[], ["print"], ["graph_break", "print"], ["op", "print", "print", "op"], ["branch"],
+                 ["helper"], ["helper", "helper", "op"], ["op", "helper", "helper"], ["no_grad", "item", "branch"],
+                 ["item", "item"], ["print", "helper", "print"], ["op", "no_grad", "graph_break"]]
+        drawn = draw(_statements(0, 8), 14)
+        return [Case((s,), label=_program_label(s)) for s in fixed + drawn]
+
+    def expected(self, case):
+        return explain_counts(case.args[0])
+
+    def compare(self, case, got, expected):
+        if isinstance(got, list):
+            got = tuple(got)
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got)):
+            return f"expected a pair of ints (graph_count, breaks), got {describe(got)}"
+        if got != expected:
+            return f"expected (graph_count, breaks) = {expected}\n     got {got}"
+        return None
+
+    def diagnose(self, case, got, expected):
+        statements = case.args[0]
+        got = tuple(got) if isinstance(got, (list, tuple)) else got
+        if not isinstance(got, tuple) or len(got) != 2:
+            return None
+        if got[0] == expected[0] and got[1] == max(expected[0] - 1, 0) != expected[1]:
+            return ("that is explain's graph_break_count (graph_count - 1); count the break reasons instead: one "
+                    "per break that ended a region holding at least one op.")
+        helpers = statements.count("helper")
+        if helpers > 1 and got[0] - expected[0] == 2 * (helpers - 1):
+            return "the helper's own frame is compiled once; later calls reuse its compiled code."
+        if got[0] > expected[0] and statements and statements[0] in ("print", "graph_break", "helper"):
+            return "a break with nothing before it compiles nothing and reports nothing: an empty region is no graph."
+        if any(s in ("item", "branch") for s in statements) and got[0] < expected[0]:
+            return ("after .item() or a branch on a tensor, the resume function starts with the op that follows "
+                    "(the add, or the taken branch's op): that region is not empty.")
+        return None
+
+
+# ================================================================================================
+# compile.predict_compiles: which calls recompile
+# ================================================================================================
+SHAPES = [(4,), (5,), (1,), (0,), (2, 3), (3, 3), (1, 3), (2, 2, 2), (1, 1), (4, 4)]
+
+
+@st.composite
+def call_specs(draw_):
+    shape = draw_(st.sampled_from(SHAPES))
+    square = len(shape) == 2 and shape[0] == shape[1]
+    return CallSpec(shape, draw_(st.sampled_from(["float32", "float32", "float64"])), draw_(st.booleans()) and
+                    draw_(st.booleans()), square and draw_(st.booleans()), draw_(st.integers(0, 3)), draw_(st.booleans()))
+
+
+def _calls(*specs) -> list[dict]:
+    return [s.as_dict() for s in specs]
+
+
+def dynamo_compiles(calls: list[dict]) -> list[int]:
+    """Frames Dynamo compiles during each call of ``scaffold.f`` (a fresh cache, default settings)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from ..compile.scaffold import f
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(f, backend=counter)
+    out = []
+    try:
+        with P.quiet():
+            for call in calls:
+                before = counter.frame_count
+                compiled(*make_args(CallSpec.from_dict(call)))
+                out.append(counter.frame_count - before)
+    finally:
+        torch._dynamo.reset()
+    return out
+
+
+def _call_text(call: dict) -> str:
+    extras = [k for k in ("requires_grad", "transposed") if call.get(k)]
+    return (f"shape={tuple(call['shape'])} {call['dtype']} n={call['n']} flag={call['flag']}"
+            + "".join(f" {k}" for k in extras))
+
+
+class PredictCompiles(CompileExercise):
+    id, entry, points = "compile.predict_compiles", "predict_compiles", 2
+    title = "predict which calls recompile"
+    forbid = PLAIN
+    timeout_s = 10.0
+
+    def visible_cases(self):
+        c = CallSpec
+        return [Case((_calls(c((4,)), c((4,)), c((5,)), c((6,)), c((1,))),), label="sizes 4, 4, 5, 6, 1"),
+                Case((_calls(c((4,), n=2), c((4,), n=3), c((4,), n=4), c((4,), flag=False)),), label="n, then flag"),
+                Case((_calls(c((4,)), c((4,), dtype="float64"), c((4,), requires_grad=True)),),
+                     label="dtype and requires_grad")]
+
+    def hidden_cases(self):
+        c = CallSpec
+        fixed = [
+            ("the same call twice", [c((4,)), c((4,))]),
+            ("0 and 1 after a dynamic dim", [c((4,)), c((5,)), c((0,)), c((1,)), c((7,))]),
+            ("a rank change", [c((4,)), c((2, 3)), c((3, 5)), c((2, 2, 2))]),
+            ("flag back and forth", [c((4,), flag=True), c((4,), flag=False), c((4,), flag=True), c((5,), flag=False)]),
+            ("a transposed view", [c((3, 3)), c((3, 3), transposed=True), c((4, 4), transposed=True), c((4, 4))]),
+            ("a transposed (1, 1)", [c((1, 1)), c((1, 1), transposed=True)]),
+            ("one dim changes, the other not", [c((2, 3)), c((2, 4)), c((5, 4)), c((5, 1))]),
+            ("past the recompile limit", [c((4,), dtype=d, flag=fl, requires_grad=r) for d in ("float32", "float64")
+                                          for fl in (True, False) for r in (False, True)] + [c((4,), n=9), c((4,))]),
+            ("n changes, then sizes", [c((4,), n=0), c((4,), n=1), c((4,), n=5), c((6,), n=5)]),
+        ]
+        drawn = draw(st.lists(call_specs(), min_size=1, max_size=12), 10)
+        return ([Case((_calls(*specs),), label=label) for label, specs in fixed]
+                + [Case((_calls(*specs),), label=f"{len(specs)} calls") for specs in drawn])
+
+    def expected(self, case):
+        return dynamo_compiles(case.args[0])
+
+    def compare(self, case, got, expected):
+        if isinstance(got, tuple):
+            got = list(got)
+        if not isinstance(got, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in got):
+            return f"expected a list of 0/1 per call, got {describe(got)}"
+        if got != expected:
+            if len(got) != len(expected):
+                return f"expected one entry per call ({len(expected)}), got {len(got)}: {got}"
+            i = _first_difference(got, expected)
+            return (f"expected {expected}\n     got {got}\n  first difference at call {i}: "
+                    f"{_call_text(case.args[0][i])} (Dynamo compiles {expected[i]}, you say {got[i]})")
+        return None
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, list) or len(got) != len(expected):
+            return None
+        calls = case.args[0]
+        i = _first_difference(got, expected)
+        if i >= len(calls):
+            return None
+        call, earlier = calls[i], calls[:i]
+        if got[i] > expected[i] and len(earlier) >= 8 and sum(got[:i]) >= 8:
+            return "after 8 compiled entries (recompile_limit) Dynamo stops compiling the frame and runs it eagerly."
+        if got[i] == 0 and min(call["shape"], default=2) < 2 and any(len(c["shape"]) == len(call["shape"])
+                                                                     for c in earlier):
+            return "sizes 0 and 1 are always specialised: a dynamic dim guards 'size >= 2'."
+        if got[i] == 1 and earlier and all(c["shape"] != call["shape"] for c in earlier[-1:]):
+            return ("after one size change the dim is dynamic: the recompiled entry serves every size >= 2 "
+                    "(compare each size with the FIRST call's, not the previous one).")
+        return None
+
+
+# ================================================================================================
+# compile.fuse_add_gelu: a pattern replacement pass
+# ================================================================================================
+@st.composite
+def fx_specs(draw_, steps=FX_STEPS, max_steps=8):
+    n = draw_(st.integers(0, max_steps))
+    ops = [(draw_(st.sampled_from(steps)), draw_(st.integers(0, k)), draw_(st.integers(0, k))) for k in range(n)]
+    outputs = draw_(st.lists(st.integers(0, n), min_size=1, max_size=3, unique=True))
+    return (tuple(ops), tuple(outputs))
+
+
+def _fx_label(spec) -> str:
+    steps, outputs = spec
+    body = ", ".join(f"v{k + 1}={op}(v{i}" + (f", v{j})" if op in ("add", "gelu_tanh", "aten_add_") else ")")
+                     for k, (op, i, j) in enumerate(steps)) or "no ops"
+    return f"x=v0; {body}; return {', '.join(f'v{k}' for k in outputs)}"
+
+
+def torch_fused(spec) -> tuple[int, list[str]]:
+    """torch's subgraph_rewriter on the graph of ``spec``: (replacements, canonical graph)."""
+    from torch.fx import subgraph_rewriter
+
+    gm = fx_graph(spec)
+    fused, _ = P.make_fused_op()
+    replacement = fx.Graph()                                  # one call of the fused op, not traced into
+    a, b = replacement.placeholder("a"), replacement.placeholder("b")
+    replacement.output(replacement.call_function(fused, (a, b)))
+    matches = subgraph_rewriter.replace_pattern(gm, lambda a, b: F.gelu(a + b), replacement)
+    return len(matches), P.canonical(gm)
+
+
+class FuseAddGelu(CompileExercise):
+    id, entry, points = "compile.fuse_add_gelu", "fuse_add_gelu", 2
+    title = "a pattern-replacement pass: gelu(a + b) into one op"
+    probe = "ptinternals.checks.probes.compile:fuse_case"
+    timeout_s = 20.0
+
+    FIXED = {
+        "the pattern alone": ((("add_bias", 0, 0), ("gelu", 1, 1)), (2,)),
+        "a + a: one node bound to both inputs (torch does not match it)": ((("add_self", 0, 0), ("gelu", 1, 1)), (2,)),
+        "a constant operand: gelu(x + 2)": ((("add_const", 0, 0), ("gelu", 1, 1)), (2,)),
+        "the add has another user": ((("add_bias", 0, 0), ("gelu", 1, 1), ("exp", 1, 1)), (2, 3)),
+        "gelu(approximate='tanh'): another function": ((("sin", 0, 0), ("gelu_tanh", 1, 0), ("gelu_bias", 2, 2)),
+                                                       (3,)),
+        "two matches in a chain": ((("gelu_bias", 0, 0), ("gelu_bias", 1, 1)), (2,)),
+    }
+
+    def visible_cases(self):
+        return [Case((spec,), label=label) for label, spec in list(self.FIXED.items())[:4]]
+
+    def hidden_cases(self):
+        fixed = list(self.FIXED.items())[4:] + [
+            ("no ops", ((), (0,))), ("a graph without the pattern", ((("sin", 0, 0), ("gelu", 1, 1)), (2,))),
+            ("a constant first: gelu(2.0 + x)", ((("const_add", 0, 0), ("gelu", 1, 1), ("sin", 2, 2)), (3, 1))),
+            ("the match is not an output", ((("add_bias", 0, 0), ("gelu", 1, 1), ("relu", 2, 2)), (3,))),
+            ("a gelu used twice", ((("add_bias", 0, 0), ("gelu", 1, 1), ("add", 2, 2)), (3, 2))),
+            ("a + a, then the pattern", ((("add_self", 0, 0), ("gelu", 1, 1), ("gelu_bias", 2, 2)), (3,)))]
+        return [Case((spec,), label=label) for label, spec in fixed] + \
+               [Case((spec,), label=_fx_label(spec)) for spec in draw(fx_specs(), 24)]
+
+    def expected(self, case):
+        spec = case.args[0]
+        count, graph = torch_fused(spec)
+        return {"count": count, "graph": graph, "outputs": P.run_graph(fx_graph(spec)), "fused_calls": count,
+                "recompiled": True}
+
+    def compare(self, case, got, expected):
+        if not isinstance(got, dict):
+            return f"the grader could not read your result: {describe(got)}"
+        if got["count"] != expected["count"]:
+            return f"expected {expected['count']} replacement(s) (torch's subgraph_rewriter), your pass returned " \
+                   f"{describe(got['count'])}"
+        if got["graph"] != expected["graph"]:
+            return f"the rewritten graph differs from torch's:\n  expected {expected['graph']}\n       got {got['graph']}"
+        if not got["recompiled"] or got["fused_calls"] != expected["fused_calls"]:
+            return (f"running the graph called the fused op {got['fused_calls']} time(s), "
+                    f"expected {expected['fused_calls']}: the GraphModule still runs its old code")
+        return _close_all(got["outputs"], expected["outputs"], "output")
+
+    def diagnose(self, case, got, expected):
+        if isinstance(got, Raised) and "still had" in got.message:
+            return ("a match is replaceable only if its add has no user but the gelu: otherwise the add's value "
+                    "is still needed (and cannot be erased).")
+        if not isinstance(got, dict):
+            return None
+        if got["count"] == expected["count"] and got["graph"] == expected["graph"] and not got["recompiled"]:
+            return "call gm.recompile() after editing gm.graph: gm(...) runs the code generated at the last recompile."
+        spec_ops = [op for op, _, _ in case.args[0][0]]
+        if isinstance(got["count"], int) and got["count"] > expected["count"]:
+            if "add_self" in spec_ops:
+                return "a and b must bind two different nodes (or constants): torch's matcher does not match x + x."
+            if "gelu_tanh" in spec_ops:
+                return "gelu with approximate='tanh' (a keyword) is not the pattern's gelu: skip calls with kwargs."
+            return ("a match is replaceable only if its add has no user but the gelu: otherwise the add's value "
+                    "is still needed and would be lost.")
+        if got["graph"] != expected["graph"] and got["count"] == expected["count"]:
+            return "keep the operands in order: fused_op(a, b) for gelu(a + b)."
+        return None
+
+
+# ================================================================================================
+# compile.dead_code: dead code elimination that keeps side effects
+# ================================================================================================
+DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, torch.dropout)
+
+
+def course_impure(node: fx.Node) -> bool:
+    """torch's ``Node.is_impure``, plus what it misses at the torch level: in-place methods and dropout."""
+    if node.op == "call_method" and node.target.endswith("_") and not node.target.endswith("__"):
+        return True
+    if node.op == "call_function" and any(node.target is d for d in DROPOUTS):
+        return True
+    return node.is_impure()
+
+
+def torch_dce(spec) -> tuple[list[str], list[str]]:
+    """(erased names in erase order, remaining names) of torch's DCE with :func:`course_impure`."""
+    gm = fx_graph(spec)
+    before = [n.name for n in gm.graph.nodes]
+    gm.graph.eliminate_dead_code(is_impure_node=course_impure)
+    gm.recompile()
+    remaining = [n.name for n in gm.graph.nodes]
+    effects, original = P.run_with_effects(gm), P.run_with_effects(fx_graph(spec))
+    for key, value in original.items():  # the truth is what the program does: torch's pass must not change it
+        values = value if isinstance(value, list) else [value]
+        for a, b in zip(values, effects[key] if isinstance(value, list) else [effects[key]]):
+            if not torch.equal(a, b):
+                raise AssertionError(f"torch's DCE changed {key} of {_fx_label(spec)}: the rule misses an effect")
+    return [n for n in reversed(before) if n not in remaining], remaining
+
+
+class DeadCode(CompileExercise):
+    id, entry, points = "compile.dead_code", "eliminate_dead_code", 2
+    title = "dead code elimination that keeps side effects"
+    probe = "ptinternals.checks.probes.compile:dce_case"
+    timeout_s = 20.0
+
+    FIXED = {
+        "a dead chain": ((("sin", 0, 0), ("exp", 1, 1), ("relu", 2, 2), ("gelu", 0, 0)), (4,)),
+        "an in-place method nobody uses: x.add_(1)": ((("add_", 0, 0), ("sin", 0, 0)), (2,)),
+        "dropout nobody uses (it draws random numbers)": ((("dropout", 0, 0), ("exp", 0, 0)), (2,)),
+        "nothing dead": ((("sin", 0, 0), ("relu", 1, 1)), (2,)),
+    }
+
+    def visible_cases(self):
+        return [Case((spec,), label=label) for label, spec in self.FIXED.items()]
+
+    def hidden_cases(self):
+        fixed = [
+            ("everything dead, the output is the input", ((("sin", 0, 0), ("exp", 1, 1)), (0,))),
+            ("no ops", ((), (0,))), ("one op", ((("exp", 0, 0),), (1,))),
+            ("aten.add_ (a mutable schema)", ((("sin", 0, 0), ("aten_add_", 1, 0), ("relu", 1, 1)), (1,))),
+            ("torch.rand_like nobody uses", ((("rand_like", 0, 0), ("mul2", 0, 0)), (2,))),
+            ("an ATen random op nobody uses", ((("bernoulli", 0, 0), ("sin", 0, 0)), (2,))),
+            ("x[0] = 0.0 (operator.setitem)", ((("sin", 0, 0), ("setitem", 0, 0), ("exp", 1, 1)), (1,))),
+            ("a pure ATen op nobody uses", ((("aten_sin", 0, 0), ("relu", 0, 0)), (2,))),
+            ("a dead value feeding an in-place op", ((("exp", 0, 0), ("add_", 1, 1), ("relu", 0, 0)), (3,))),
+        ]
+        return [Case((spec,), label=label) for label, spec in fixed] + \
+               [Case((spec,), label=_fx_label(spec)) for spec in draw(fx_specs(FX_STEPS + IMPURE_STEPS, 9), 24)]
+
+    def expected(self, case):
+        erased, remaining = torch_dce(case.args[0])
+        return {"erased": erased, "remaining": remaining, "recompiled": True,
+                **P.run_with_effects(fx_graph(case.args[0]))}
+
+    def compare(self, case, got, expected):
+        if not isinstance(got, dict):
+            return f"the grader could not read your result: {describe(got)}"
+        erased = list(got["erased"]) if isinstance(got["erased"], (list, tuple)) else got["erased"]
+        if not isinstance(erased, list) or not all(isinstance(n, str) for n in erased):
+            return f"expected the list of erased node names, got {describe(got['erased'])}"
+        if got["remaining"] != expected["remaining"]:
+            missing = [n for n in expected["remaining"] if n not in got["remaining"]]
+            extra = [n for n in got["remaining"] if n not in expected["remaining"]]
+            return (f"the graph keeps {got['remaining']}\n     expected {expected['remaining']}"
+                    + (f"\n  erased but needed: {missing}" if missing else "")
+                    + (f"\n  dead but kept: {extra}" if extra else ""))
+        if erased != expected["erased"]:
+            return f"the erased names (in erase order) should be {expected['erased']}\n     got {erased}"
+        if not got["recompiled"]:
+            return "gm still runs the code of the graph before your pass"
+        for key, what in (("outputs", "output"), ("x_after", "x after the run"), ("b_after", "b after the run"),
+                          ("rng_next", "the next random numbers after the run")):
+            values = got[key] if isinstance(got[key], list) else [got[key]]
+            want = expected[key] if isinstance(expected[key], list) else [expected[key]]
+            problem = _close_all(values, want, what)
+            if problem:
+                return problem
+        return None
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, dict) or not isinstance(got.get("remaining"), list):
+            return None
+        if got["remaining"] == expected["remaining"] and not got["recompiled"]:
+            return "call gm.recompile() after erasing nodes."
+        erased_wrongly = [n for n in expected["remaining"] if n not in got["remaining"]]
+        kept_wrongly = [n for n in got["remaining"] if n not in expected["remaining"]]
+        if any(n.startswith("add_") for n in erased_wrongly):
+            return "x.add_(1) changes x: an in-place method (a name ending in one '_') is a side effect."
+        if any(n.startswith(("dropout", "rand_like", "bernoulli")) for n in erased_wrongly):
+            return "a random op advances the random generator: removing it changes every later random number."
+        if any(n.startswith("setitem") for n in erased_wrongly):
+            return "operator.setitem writes into its first argument: torch lists it in _side_effectful_functions."
+        if kept_wrongly and got["remaining"] != expected["remaining"]:
+            return ("walk the nodes backwards (users before producers): erasing a node can make its inputs dead "
+                    "in the same pass.")
+        return None
+
+
+# ================================================================================================
+# compile.min_cut: maximum flow and the canonical minimum cut
+# ================================================================================================
+def networkx_cut(edges, source, sink):
+    """``(value, sorted sink side)`` from ``networkx.minimum_cut``, or :class:`Raises` when unbounded."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_nodes_from([source, sink])
+    for u, v, c in edges:
+        g.add_edge(u, v, capacity=c)                         # a repeated edge replaces its capacity
+    try:
+        value, (_, sink_side) = nx.minimum_cut(g, source, sink)
+    except nx.NetworkXUnbounded:
+        return Raises(("ValueError",), "a path of infinite capacity joins source and sink")
+    return (value, sorted(sink_side, key=P.label_key))
+
+
+@st.composite
+def networks(draw_):
+    n = draw_(st.integers(2, 9))
+    caps = st.sampled_from([0, 1, 1, 2, 2, 3, 5, math.inf])
+    edges = draw_(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), caps), max_size=3 * n))
+    return ([(u, v, c) for u, v, c in edges if u != v], 0, n - 1)
+
+
+# the shortest augmenting path s-a-b-t blocks both others: the second unit of flow must cancel a -> b
+NEEDS_CANCELLING = [("s", "a", 1), ("a", "b", 1), ("b", "t", 1), ("a", "x", 1), ("x", "y", 1), ("y", "t", 1),
+                    ("s", "w", 1), ("w", "z", 1), ("z", "b", 1)]
+
+
+class MinCut(CompileExercise):
+    id, entry, points = "compile.min_cut", "min_cut", 2
+    title = "maximum flow and the canonical minimum cut"
+    forbid = PLAIN
+    probe = "ptinternals.checks.probes.compile:min_cut_case"
+    timeout_s = 10.0
+
+    def visible_cases(self):
+        inf = math.inf
+        return [Case(([("s", "a", 3), ("a", "t", 2), ("s", "b", 1), ("b", "t", 4)], "s", "t"), label="two paths"),
+                Case(([("s", "a", 1), ("a", "t", 1)], "s", "t"), label="a tie: both edges are minimum cuts"),
+                Case((NEEDS_CANCELLING, "s", "t"), label="the second unit of flow must undo part of the first"),
+                Case(([("s", "a", inf), ("a", "t", inf)], "s", "t"), label="an infinite path: no finite cut")]
+
+    def hidden_cases(self):
+        inf = math.inf
+        fixed = [
+            ("the sink cannot be reached", [("s", "a", 2), ("t", "a", 1)], "s", "t"),
+            ("no edges at all", [], "s", "t"),
+            ("an edge given twice: the second replaces the first", [("s", "t", 5), ("s", "t", 2)], "s", "t"),
+            ("edges both ways", [("s", "a", 2), ("a", "s", 3), ("a", "t", 2), ("t", "a", 1), ("s", "t", 1)], "s", "t"),
+            ("zero capacities", [("s", "a", 0), ("a", "t", 4), ("s", "b", 2), ("b", "t", 0)], "s", "t"),
+            ("ties along a chain", [("s", "a", 1), ("a", "b", 1), ("b", "c", 1), ("c", "t", 1)], "s", "t"),
+            ("infinite edges around finite ones", [("s", "a", inf), ("a", "b", 3), ("b", "t", inf), ("a", "c", 2),
+                                                   ("c", "t", inf)], "s", "t"),
+            ("a partitioner's network", [("source", "x_in", inf), ("x_in", "x_out", 39), ("x_out", "sin_in", inf),
+                                         ("sin_in", "sin_out", 78), ("sin_out", "cos_in", inf), ("x_out", "cos_in", inf),
+                                         ("cos_in", "sink", inf), ("sin_out", "sink", inf)], "source", "sink"),
+        ]
+        return [Case((e, s, t), label=label) for label, e, s, t in fixed] + \
+               [Case(net, label=f"random network of {len(net[0])} edges") for net in draw(networks(), 30)]
+
+    def expected(self, case):
+        return networkx_cut(*case.args)
+
+    def compare(self, case, got, expected):
+        if not (isinstance(got, tuple) and len(got) == 2):
+            return f"expected a pair (value, sink_side), got {describe(got)}"
+        value, side = got
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value - expected[0]) <= 1e-9:
+            return f"the minimum cut's capacity is {expected[0]}, got {describe(value)}"
+        if not isinstance(side, list):
+            return f"sink_side must be a set of nodes, got {describe(side)}"
+        if set(map(P.label_key, side)) != set(map(P.label_key, expected[1])):
+            return f"the sink side should be {expected[1]}\n     got {side}"
+        return None
+
+    def diagnose(self, case, got, expected):
+        if isinstance(expected, Raises):
+            return "when the flow you push along a path is infinite, raise ValueError: no finite cut exists."
+        if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], (int, float)):
+            if abs(got[0] - expected[0]) <= 1e-9:
+                return ("a tie: take the sink side as the nodes that can still reach the sink in the final residual "
+                        "graph (not the complement of what the source reaches).")
+            if got[0] > expected[0]:
+                return ("the flow is too small: pushing flow along u -> v must add the same residual capacity to "
+                        "v -> u, so that a later path can undo it.")
+            edges = case.args[0]
+            if len({(u, v) for u, v, _ in edges}) < len(edges):
+                return "a repeated (u, v) replaces the earlier capacity; it does not add to it."
+        return None
+
+
+# ================================================================================================
+# compile.choose_saved: the partitioner's network
+# ================================================================================================
+@st.composite
+def programs(draw_, max_steps=7):
+    n_inputs = draw_(st.integers(1, 3))
+    n = draw_(st.integers(1, max_steps))
+    steps = []
+    for k in range(n):
+        values = n_inputs + k
+        i = draw_(st.sampled_from([values - 1, draw_(st.integers(0, values - 1))]))
+        steps.append((draw_(st.sampled_from(PROGRAM_OPS)), i, draw_(st.integers(0, values - 1))))
+    total = n_inputs + n
+    outputs = tuple(sorted({total - 1, draw_(st.sampled_from([total - 1, draw_(st.integers(n_inputs, total - 1))]))}))
+    return (n_inputs, tuple(steps), outputs, draw_(st.sampled_from([3, 4, 8]))), None
+
+
+PARTITION_CASES = {
+    "one op: save the input or its cosine?": ((1, (("sin", 0, 0),), (1,), 4), None),
+    "all values the same size: ties everywhere": ((1, (("sin", 0, 0), ("cos", 1, 1), ("exp", 2, 2), ("mul", 3, 1)),
+                                                   (4,), 3), None),
+    "matmuls cannot be recomputed": ((2, (("mm", 0, 1), ("relu", 2, 2), ("mm", 3, 1), ("tanh", 4, 4)), (5,), 4), None),
+    "a reduction 4x smaller than its input": ((1, (("exp", 0, 0), ("rowsum", 1, 1), ("sigmoid", 2, 2)), (3,), 8), None),
+    "two outputs, one used again": ((2, (("mul", 0, 1), ("sin", 2, 2), ("add", 3, 2)), (4, 2), 3), None),
+    "a frozen weight (no gradient for it)": ((2, (("mm", 0, 1), ("relu", 2, 2), ("mm", 3, 1), ("tanh", 4, 4)), (5,), 4),
+                                             (True, False)),
+    "an output that is an input": ((2, (("mul", 0, 1), ("sin", 2, 2)), (0, 3), 3), None),
+    "an in-place op (functionalised)": ((2, (("inplace", 0, 1), ("sin", 2, 2)), (3,), 4), None),
+    "a transpose (a view) between ops": ((1, (("exp", 0, 0), ("t", 1, 1), ("mul", 2, 1)), (3,), 4), None),
+}
+
+
+def program_label(spec, grad) -> str:
+    text = Program.from_spec(spec).source()
+    return text + (f"  (requires_grad {list(grad)})" if grad else "")
+
+
+class ChooseSaved(CompileExercise):
+    id, entry, points = "compile.choose_saved", "choose_saved", 3
+    title = "the partitioner's network: what AOTAutograd saves"
+    probe = "ptinternals.checks.probes.compile:choose_saved_case"
+    timeout_s = 150.0
+
+    def visible_cases(self):
+        return [Case(args, label=label) for label, args in list(PARTITION_CASES.items())[:3]]
+
+    def hidden_cases(self):
+        fixed = [Case(args, label=label) for label, args in list(PARTITION_CASES.items())[3:]]
+        return fixed + [Case(args, label=program_label(*args)) for args in draw(programs(), 8)]
+
+    def expected(self, case):
+        return P.capture_joint(*case.args, partition="min_cut")[2]
+
+    def compare(self, case, got, expected):
+        if not isinstance(got, list) or not all(isinstance(n, str) for n in got):
+            return f"expected a list of node names, got {describe(got)}"
+        if got != expected:
+            return (f"AOTAutograd saves {expected}\n     you save {got}"
+                    + ("" if sorted(got) != sorted(expected) else "\n  (the same nodes: give them in graph order)"))
+        return None
+
+    def diagnose(self, case, got, expected):
+        if isinstance(got, Raised):
+            if "infinite" in got.message:
+                return ("an infinite path joins source and sink: bans (source -> n_in) apply to forward nodes only "
+                        "(node in info.required_fw), and a tangent's closure goes n_in -> sink.")
+            return None
+        if not isinstance(got, list):
+            return None
+        if any(n.startswith("primals") for n in set(expected) - set(got)):
+            return "primals (the inputs) cannot be recomputed: connect source -> n_in for every primal."
+        if set(got) > set(expected):
+            return ("a node is saved only when its n_in is on the source side and its n_out on the sink side; "
+                    "the others on the sink side are recomputed in the backward.")
+        return "draw the network for this program by hand: the five kinds of edges, and which are infinite."
+
+
+# ================================================================================================
+# compile.read_kernels: reading Inductor's output code
+# ================================================================================================
+def _cat_view(x):
+    return torch.cat([x.exp(), x.cos()]).view(-1) * 2
+
+
+KERNEL_PROGRAMS = {
+    # name: (function, input shapes); every input is randn of that shape
+    "pointwise chain": (lambda x: (x.sin() * 2 + 1).relu(), [(8, 8)]),
+    "matmul between pointwise ops": (lambda x, w: ((x.sin() @ w).relu().sum(-1), torch.softmax(x.sin() @ w, -1)),
+                                     [(16, 24), (24, 8)]),
+    "softmax then layer norm": (lambda x: F.layer_norm(torch.softmax(x, -1), (8,)), [(4, 8)]),
+    "cat and view": (_cat_view, [(4, 8)]),
+    "a long reduction": (lambda x: (x.exp() * x).sum(), [(64, 512)]),
+    "a view only: no kernel": (lambda x: x.t(), [(4, 8)]),
+    "two outputs": (lambda x: (x.tanh(), x.sigmoid().sum(0)), [(4, 8)]),
+    "addmm then gelu": (lambda x, w, b: F.gelu(torch.addmm(b, x, w)), [(4, 8), (8, 6), (6,)]),
+    "log_softmax and mean": (lambda x: torch.log_softmax(x, -1).mean(0), [(6, 10)]),
+    "where and clamp": (lambda x: torch.where(x > 0, x, 0.1 * x).clamp(-1, 1), [(5, 7)]),
+}
+
+
+def inductor_truth(program: str, backend: str) -> tuple[str, dict]:
+    """The output code Inductor writes for a program (C++ or Triton, nothing built) and, from Inductor's
+    own records, its kernels with the ATen ops each fused and its library calls."""
+    from ..compile.inductor import generate_code  # a harness: it stops Inductor after codegen, torch answers
+
+    fn, shapes = KERNEL_PROGRAMS[program]
+    gen = torch.Generator().manual_seed(0)
+    with P.quiet():
+        out = generate_code(fn, *[torch.randn(s, generator=gen) for s in shapes], backend=backend)
+    (code,) = out.code
+    records = list(out.fusion)
+    kernels = []
+    for name in out.kernel_names:
+        body = re.sub(r"_\d+$", "", name)
+        record = next(r for r in records if body.endswith(r[0]) and body[:-len(r[0])] in KERNEL_PREFIXES)
+        records.remove(record)
+        kernels.append((name, tuple(record[1])))
+    extern = [n.split(".", 1)[1] for n in out.library]
+    return code, {"kernels": kernels, "extern": extern}
+
+
+KERNEL_PREFIXES = ("cpp_", "triton_poi_", "triton_per_", "triton_red_", "triton_tem_", "triton_")
+
+
+@dataclass
+class KernelCase(Case):
+    """A case whose expected answer (Inductor's record) was taken when its code was generated."""
+
+    truth: dict = field(default_factory=dict)
+
+
+def known_op_names() -> frozenset[str]:
+    return frozenset(n.split("::", 1)[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+                     if n.startswith(("aten::", "prims::")))
+
+
+class ReadKernels(CompileExercise):
+    id, entry, points = "compile.read_kernels", "read_kernels", 1
+    title = "read Inductor's output code: kernels, fused ops, library calls"
+    timeout_s = 20.0
+    VISIBLE = (("pointwise chain", "cpp"), ("matmul between pointwise ops", "cpp"),
+               ("matmul between pointwise ops", "triton"))
+
+    def _case(self, program: str, backend: str) -> Case:
+        code, truth = inductor_truth(program, backend)
+        return KernelCase((code,), label=f"{program} ({'C++ for the CPU' if backend == 'cpp' else 'Triton'})",
+                          truth=truth)
+
+    def visible_cases(self):
+        return [self._case(p, b) for p, b in self.VISIBLE]
+
+    def hidden_cases(self):
+        """Each other program once, in one language or the other (both would double a minute of Inductor)."""
+        programs = [p for p in KERNEL_PROGRAMS if p not in {v for v, _ in self.VISIBLE}]
+        return [self._case(p, ("triton", "cpp")[k % 2]) for k, p in enumerate(programs)]
+
+    def expected(self, case):
+        return (case.truth["kernels"], case.truth["extern"])
+
+    def compare(self, case, got, expected):
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], list) and isinstance(got[1], list)):
+            return f"expected a pair (kernels, extern), got {describe(got)}"
+        kernels, extern = got
+        want_kernels, want_extern = expected
+        names = [k[0] if isinstance(k, tuple) and len(k) == 2 else k for k in kernels]
+        want_names = [k[0] for k in want_kernels]
+        if names != want_names:
+            return f"Inductor generated the kernels {want_names}\n     you found {describe(names)}"
+        known = known_op_names()
+        for (name, ops), (_, want) in zip(kernels, want_kernels):
+            ops = tuple(ops) if isinstance(ops, (list, tuple)) else ops
+            fewer = (isinstance(ops, tuple) and "_".join(ops) == "_".join(want) and len(ops) <= len(want)
+                     and all(o in known for o in ops))
+            if ops != want and not fewer:
+                return f"kernel {name} fused the ATen ops {want} (Inductor's record)\n     you read {describe(ops)}"
+        if extern != want_extern:
+            return f"the library calls are {want_extern}\n     you found {extern}"
+        return None
+
+    def diagnose(self, case, got, expected):
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], list)):
+            return None
+        kernels, want = got[0], expected[0]
+        if len(kernels) > len(want):
+            return "a kernel is defined once (name = async_compile...) and called from call(): count definitions."
+        if len(kernels) < len(want) and "triton" in case.label.lower():
+            return "Triton kernels are defined with async_compile.triton(...) (C++ ones with cpp_pybinding)."
+        for kernel, (_, ops_want) in zip(kernels, want):
+            ops = kernel[1] if isinstance(kernel, tuple) and len(kernel) == 2 else None
+            if not isinstance(ops, (list, tuple)):
+                continue
+            if any(re.search(r"(^|_)\d+$", str(o)) for o in ops):
+                return "strip the kernel's trailing _<number> before splitting."
+            if len(ops) > len(ops_want):
+                return ("op names contain '_' themselves (_softmax, native_layer_norm): split into names torch "
+                        "knows, preferring the fewest pieces.")
+        return None
+
+
+# ================================================================================================
+# compile.compile_blocks: regional compilation of the capstone's model
+# ================================================================================================
+class CompileBlocks(CompileExercise):
+    id, entry, points = "compile.compile_blocks", "compile_blocks", 1
+    title = "regional compilation: one graph for every block"
+    probe = "ptinternals.checks.probes.compile:compile_blocks_case"
+    timeout_s = 120.0
+
+    @staticmethod
+    def _case(spec, batch, train):
+        vocab, n_layer, n_head, n_embd, block = spec
+        return Case((spec, batch, train), label=f"{n_layer} block(s) of width {n_embd}, {n_head} head(s), "
+                                                f"batch {batch} x {block}" + (", training" if train else ""))
+
+    def visible_cases(self):
+        return [self._case((11, 2, 2, 8, 8), 2, False), self._case((11, 3, 2, 8, 8), 2, True)]
+
+    def hidden_cases(self):
+        return [self._case(*a) for a in (((7, 1, 1, 4, 5), 1, False), ((13, 4, 2, 6, 7), 3, False),
+                                         ((5, 2, 3, 12, 4), 2, True), ((17, 3, 1, 10, 6), 1, False))]
+
+    def expected(self, case):
+        logits, grad = P.eager_gpt(*case.args)
+        return {"logits": logits, "grad": grad, "n_layer": case.args[0][1]}
+
+    def compare(self, case, got, expected):
+        if not isinstance(got, dict):
+            return f"the grader could not read your result: {describe(got)}"
+        if not got["same_model"]:
+            return "compile_blocks must return the model it was given (compiled in place)"
+        graphs, n = got["graphs"], expected["n_layer"]
+        if len(graphs) != 1:
+            return f"Dynamo compiled {len(graphs)} graph(s) with your backend; regional compilation gives 1 " \
+                   f"whatever the depth"
+        if any("embedding" in op for op in graphs[0]):
+            return "the compiled graph holds the embedding: compile the blocks, not the whole model"
+        if got["calls_per_forward"] != n or got["calls_second_forward"] != n:
+            return (f"a forward should run the compiled block {n} times (once per block), ran it "
+                    f"{got['calls_per_forward']} then {got['calls_second_forward']} times")
+        problem = close_tensors(got["logits"], expected["logits"], rtol=1e-4, atol=1e-5)
+        if problem:
+            return "the logits differ from eager mode's: " + problem
+        if expected["grad"] is not None:
+            problem = close_tensors(got["grad"], expected["grad"], rtol=1e-4, atol=1e-5)
+            if problem:
+                return "the gradient of the first block's c_attn.weight differs from eager mode's: " + problem
+        return None
+
+    def diagnose(self, case, got, expected):
+        if not isinstance(got, dict) or not isinstance(got.get("graphs"), list):
+            return None
+        if not got["graphs"]:
+            return ("nothing was compiled with the backend given: use block.compile(backend=backend) (in place), "
+                    "not torch.compile(block, ...) whose result you drop, nor the default backend.")
+        if any("embedding" in op for g in got["graphs"] for op in g):
+            return "model.compile() / torch.compile(model) compiles everything; compile each block of model.transformer.h."
+        if got["calls_per_forward"] < expected["n_layer"]:
+            return "compile every block of model.transformer.h, not only some."
+        return None
+
+
+# ================================================================================================
+# Method checks the student's code cannot forge: a static policy on the submission's source
+# ================================================================================================
+# Checked here, in the grader's process, on the answer cells' text (the student's code never runs in
+# this process). Self-contained until the generic mechanism of branch `grading` (grading/policy.py,
+# Exercise.policy, Chapter.policy_allow) lands: then this section is deleted, Policy is imported from
+# ptinternals.grading.policy, and POLICY_ALLOW becomes the Chapter's policy_allow. The API is the same.
+@dataclass(frozen=True)
+class Policy:
+    banned: tuple[str, ...] = ()  # in the exercise's own code and what it refers to: attributes, imports, strings
+    banned_anywhere: tuple[str, ...] = ()  # the same, in every answer cell
+    why: str = ""  # what to do instead (ends the message)
+    no_modules: tuple[str, ...] = ()  # modules the exercise's own code must not use at all
+
+
+@dataclass(frozen=True)
+class Violation:
+    cell: str
+    line: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.what} (answer cell {self.cell}, line {self.line})"
+
+
+# private names the chapter's solutions need (dotted: allowed only on that chain)
+POLICY_ALLOW = ("_ops.OpOverload", "_ops.OpOverloadPacket", "_schema", "_side_effectful_functions",
+                "_C._dispatch_get_all_op_names", "_overloadpacket")
+HIDING_NAMES = {"vars", "eval", "exec", "compile", "globals", "locals", "__import__", "breakpoint", "__builtins__",
+                "open"}
+HIDING_MODULES = {"importlib", "builtins", "ctypes", "cffi", "pickle", "_pickle", "dill", "cloudpickle", "marshal",
+                  "shelve", "copyreg", "gc", "inspect", "pkgutil", "runpy", "code", "codeop", "types", "sys",
+                  "subprocess", "pty", "multiprocessing", "concurrent", "threading", "signal", "dis", "ast",
+                  "linecache", "traceback", "site", "sysconfig", "zipimport", "imp", "unittest", "mock", "os"}
+HIDING_ATTRS = {"modules", "attrgetter", "methodcaller", "get_type_hints", "format_map", "Formatter", "settrace",
+                "setprofile", "import_module", "load_library", "load_inline", "cpp_extension", "system", "popen",
+                "fork", "execv", "execve", "spawnv", "posix_spawn", "patch", "monkeypatch", "__dict__", "__code__",
+                "__globals__", "__builtins__", "__class__", "__subclasses__", "__getattribute__", "__setattr__",
+                "__closure__", "__defaults__", "__kwdefaults__", "__wrapped__", "f_globals", "f_locals", "f_back",
+                "gi_frame", "tb_frame"}
+PLAIN_DUNDERS = {"__init__", "__call__", "__name__", "__doc__", "__len__", "__iter__", "__next__", "__getitem__",
+                 "__setitem__", "__contains__", "__enter__", "__exit__", "__repr__", "__str__", "__eq__", "__hash__",
+                 "__lt__", "__bool__", "__post_init__"}
+
+
+def _parse(cells: list[dict]) -> list[tuple[str, ast.Module]]:
+    from ..grading._runtime import strip_magics
+
+    out = []
+    for c in cells:
+        try:
+            out.append((c["id"], ast.parse(strip_magics(c["source"]))))
+        except SyntaxError:  # a cell that does not parse defines nothing: the run reports it
+            continue
+    return out
+
+
+def _root(node):
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _binds(stmt) -> set[str]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {stmt.name}
+    names = set()
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names}
+    return names
+
+
+def _reachable(parsed, start: str) -> list[tuple[str, ast.AST]]:
+    """The statements the exercise's code can depend on: its cell's, and transitively every top-level
+    statement (any cell) that binds a name they load, or could change what such a name holds
+    (``shared.attr = ...``, ``shared[k] = ...``, ``shared.append(...)``, ``f(shared)``)."""
+    bindings: dict[str, list] = {}
+    for cid, tree in parsed:
+        for stmt in tree.body:
+            for name in _binds(stmt):
+                bindings.setdefault(name, []).append((cid, stmt))
+    defined = {n for n, stmts in bindings.items() if any(not isinstance(s, (ast.Import, ast.ImportFrom))
+                                                         for _, s in stmts)}
+    touches: dict[str, list] = {}
+    for cid, tree in parsed:
+        for stmt in tree.body:
+            for node in ast.walk(stmt):
+                targets = []
+                if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                    targets.append(_root(node))
+                elif isinstance(node, ast.Call):
+                    targets += [_root(node.func.value)] if isinstance(node.func, ast.Attribute) else []
+                    targets += [_root(a) for a in [*node.args, *(k.value for k in node.keywords)]]
+                for name in set(targets) & defined:
+                    touches.setdefault(name, []).append((cid, stmt))
+    todo = [(cid, stmt) for cid, tree in parsed if cid == start for stmt in tree.body]
+    seen, out = set(), []
+    while todo:
+        cid, stmt = todo.pop()
+        if id(stmt) in seen:
+            continue
+        seen.add(id(stmt))
+        out.append((cid, stmt))
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                todo += bindings.get(node.id, []) + touches.get(node.id, [])
+    return out
+
+
+def _uses(node, names: set[str]) -> str | None:
+    if isinstance(node, ast.Attribute) and node.attr in names:
+        return f".{node.attr}"
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        parts = [p for a in node.names for p in a.name.split(".")]
+        parts += (node.module or "").split(".") if isinstance(node, ast.ImportFrom) else []
+        hit = next((p for p in parts if p in names), None)
+        return f"an import of {hit}" if hit else None
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 200:
+        text = node.value.strip()
+        hit = next((n for n in names if text == n or re.fullmatch(rf"[\w.:]*[.:]{re.escape(n)}", text)), None)
+        return f"the string {node.value!r}" if hit else None
+    return None
+
+
+def _module_uses(stmts, modules: set[str], aliases: dict[str, str]) -> list[Violation]:
+    bound = {name for name, path in aliases.items() if path.split(".")[0] in modules} | modules
+    out = []
+    for cid, stmt in stmts:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] in modules for a in node.names):
+                out.append(Violation(cid, node.lineno, f"import {node.names[0].name}"))
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in modules:
+                out.append(Violation(cid, node.lineno, f"from {node.module} import"))
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in bound:
+                out.append(Violation(cid, node.lineno, f"{node.id} (the {aliases.get(node.id, node.id)} module)"))
+    return out
+
+
+def _import_aliases(parsed) -> dict[str, str]:
+    aliases = {}
+    for _, tree in parsed:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    aliases[a.asname or a.name] = f"{node.module or ''}.{a.name}"
+    return aliases
+
+
+def _allowed_attribute_nodes(tree, allow) -> set[int]:
+    """Attribute nodes on an allowed dotted chain (``torch._C._dispatch_get_all_op_names``)."""
+    ok = set()
+    for node in ast.walk(tree):
+        for chain in (a.split(".") for a in allow if "." in a):
+            cur, matched = node, []
+            for part in reversed(chain):
+                if not (isinstance(cur, ast.Attribute) and cur.attr == part):
+                    matched = []
+                    break
+                matched.append(cur)
+                cur = cur.value
+            ok |= {id(m) for m in matched}
+    return ok
+
+
+def _hiding(parsed, allow: tuple[str, ...], aliases: dict[str, str]) -> list[Violation]:
+    """The constructs that hide a name from the checks above, or change what a name means, anywhere."""
+    out = []
+    plain_allow = {a for a in allow if "." not in a}
+    local = {n.arg for _, t in parsed for n in ast.walk(t) if isinstance(n, ast.arg)}
+    local |= {n.name for _, t in parsed for n in ast.walk(t) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    for cid, tree in parsed:
+        chain_ok = _allowed_attribute_nodes(tree, allow)
+        for node in ast.walk(tree):
+            line = getattr(node, "lineno", 0)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in LOOKUPS \
+                    and node.func.id not in local:
+                name = node.args[1] if len(node.args) >= 2 else None
+                if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                    out.append(Violation(cid, line, f"{node.func.id} with a computed attribute name"))
+                elif _attribute_problem(name.value, node.args[0], plain_allow, False):
+                    out.append(Violation(cid, line, f"{node.func.id}(..., {name.value!r}): "
+                                                    f"{_attribute_problem(name.value, node.args[0], plain_allow, False)}"))
+                if node.func.id in ("setattr", "delattr"):
+                    out.append(Violation(cid, line, f"{node.func.id} (assigning attributes by name)"))
+            elif isinstance(node, ast.Name) and node.id not in local and (
+                    (node.id in LOOKUPS and not _called(tree, node)) or node.id in HIDING_NAMES
+                    or (node.id in HIDING_MODULES and isinstance(node.ctx, ast.Load))
+                    or (node.id.startswith("__") and node.id.endswith("__") and node.id not in PLAIN_DUNDERS)):
+                out.append(Violation(cid, line, node.id))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                paths = [a.name for a in node.names] + ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                imported = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else \
+                    [a.name.split(".")[0] for a in node.names]
+                for path in paths:
+                    parts = path.split(".")
+                    if path == "*":
+                        out.append(Violation(cid, line, f"from {node.module} import * (a star import hides names)"))
+                    elif any(p in HIDING_MODULES for p in parts) or any(n in HIDING_NAMES | LOOKUPS for n in imported):
+                        out.append(Violation(cid, line, f"an import of {path}"))
+                    elif any(p.startswith("_") and p not in plain_allow and p != "__future__" for p in parts):
+                        out.append(Violation(cid, line, f"an import of the private {path}"))
+            elif isinstance(node, ast.Attribute):
+                attr, base = node.attr, node.value
+                own = isinstance(base, ast.Name) and base.id in ("self", "cls")
+                problem = None if id(node) in chain_ok else _attribute_problem(attr, base, plain_allow, own)
+                if problem:
+                    out.append(Violation(cid, line, problem))
+                elif attr == "format" and not (isinstance(base, ast.Constant) and _plain_format(base.value)):
+                    out.append(Violation(cid, line, ".format with a computed or field-looking template"))
+                if isinstance(node.ctx, (ast.Store, ast.Del)) and not own and (
+                        _root(base) in aliases or attr in _torch_names()):
+                    out.append(Violation(cid, line, f"assigning .{attr} (monkeypatching {ast.unparse(base)[:60]})"))
+    return out
+
+
+LOOKUPS = {"getattr", "hasattr", "setattr", "delattr"}
+
+
+def _attribute_problem(attr: str, base, allow: set[str], own: bool) -> str | None:
+    if attr in HIDING_ATTRS or (attr.startswith("__") and attr not in PLAIN_DUNDERS):
+        return f".{attr}"
+    if attr.startswith("_") and not own and attr not in allow:
+        return f".{attr} (a private attribute)"
+    return None
+
+
+def _called(tree, name_node) -> bool:
+    return any(isinstance(n, ast.Call) and n.func is name_node for n in ast.walk(tree))
+
+
+def _plain_format(template) -> bool:
+    try:
+        return isinstance(template, str) and not any(
+            f and ("." in f or "[" in f) for _, f, _, _ in string.Formatter().parse(template))
+    except ValueError:
+        return False
+
+
+_TORCH_NAMES: set[str] = set()
+
+
+def _torch_names() -> set[str]:
+    """Public callables of torch, Tensor, F and fx: assigning an attribute so named is monkeypatching."""
+    if not _TORCH_NAMES:
+        for obj in (torch, torch.Tensor, F, fx, fx.Graph, fx.GraphModule, fx.Node):
+            for name in dir(obj):
+                if not name.startswith("_") and callable(getattr(obj, name, None)):
+                    _TORCH_NAMES.add(name)
+        _TORCH_NAMES.difference_update({"name", "meta", "target", "args", "kwargs", "op", "graph", "T", "data"})
+    return _TORCH_NAMES
+
+
+def check_policy(ex, cells: list[dict], allow: tuple[str, ...] = ()) -> list[Violation]:
+    """The violations of ``ex.policy`` in the answer ``cells`` (``[{"id", "source"}]``), [] when it has none."""
+    policy = getattr(ex, "policy", None)
+    if policy is None:
+        return []
+    parsed = _parse(cells)
+    aliases = _import_aliases(parsed)
+    mine = _reachable(parsed, ex.answer_cell)
+    everything = [(cid, stmt) for cid, tree in parsed for stmt in tree.body]
+    found = []
+    for stmts, names in ((mine, set(policy.banned)), (everything, set(policy.banned_anywhere))):
+        for cid, stmt in stmts:
+            for node in ast.walk(stmt):
+                hit = _uses(node, names) if names else None
+                if hit:
+                    found.append(Violation(cid, getattr(node, "lineno", 0), hit))
+    if policy.no_modules:
+        found += _module_uses(mine, set(policy.no_modules), aliases)
+    found += _hiding(parsed, allow, aliases)
+    order = [c["id"] for c in cells]
+    unique = {(v.cell, v.line, v.what): v for v in found}
+    return sorted(unique.values(), key=lambda v: (order.index(v.cell) if v.cell in order else 0, v.line, v.what))
+
+
+def describe_violations(ex, violations: list[Violation], limit: int = 5) -> str:
+    lines = [f"{ex.name} scores 0: its code (or code it relies on) uses what this exercise is to be done without:"]
+    lines += [f"  - {v}" for v in violations[:limit]]
+    if len(violations) > limit:
+        lines.append(f"  - ... and {len(violations) - limit} more")
+    if ex.policy is not None and ex.policy.why:
+        lines.append(f"  {ex.policy.why}")
+    lines.append("  (checked on your source before it runs: dynamic lookups such as getattr, private attributes, "
+                 "eval and monkeypatching are not accepted in this chapter's graded cells)")
+    return "\n".join(lines)
+
+
+NO_TORCH = ("torch", "numpy", "networkx", "functorch", "scipy")
+RecordingBackend.policy = Policy(
+    banned=("explain", "EagerAndRecordGraphs", "AotEagerAndRecordGraphs", "CompileCounter", "CompileCounterWithBackend",
+            "lookup_backend"), why="write the backend yourself: a function of (gm, example_inputs).")
+PredictGraphs.policy = Policy(banned=("explain", "dynamo"), no_modules=NO_TORCH,
+                              why="predict from the rule: the check runs your function without torch.")
+PredictCompiles.policy = Policy(banned=("explain", "dynamo"), no_modules=NO_TORCH,
+                                why="predict from the guard rules: the check runs your function without torch.")
+FuseAddGelu.policy = Policy(
+    banned=("subgraph_rewriter", "replace_pattern", "replace_pattern_with_filters", "SubgraphMatcher",
+            "SubgraphMatcherWithNameNodeMap", "matcher_utils", "pattern_matcher", "PatternMatcherPass",
+            "register_replacement"),
+    why="match and rewrite the nodes yourself (walk from each gelu back to its add).")
+DeadCode.policy = Policy(banned=("eliminate_dead_code", "is_impure", "dead_code_elimination"),
+                         why="decide impurity and walk the graph yourself.")
+MinCut.policy = Policy(banned=("minimum_cut", "maximum_flow", "max_flow", "edmonds_karp", "preflow_push",
+                               "shortest_augmenting_path", "boykov_kolmogorov", "dinitz"), no_modules=NO_TORCH,
+                       why="write Edmonds-Karp yourself: the check runs your function without torch or networkx.")
+ChooseSaved.policy = Policy(
+    banned=("min_cut_rematerialization_partition", "solve_min_cut", "choose_saved_values_set", "default_partition",
+            "partitioners", "aot_function", "aot_module", "aot_autograd", "aot_module_simplified",
+            "memory_efficient_fusion", "minimum_cut", "networkx", "functorch"),
+    why="build the network and cut it with your own min_cut.")
+ReadKernels.policy = Policy(banned=("run_and_get_code", "run_and_get_kernels", "get_fused_kernel_name",
+                                    "aggregate_origins"), why="read the text you are given.")
+CompileBlocks.policy = Policy(why="compile the blocks in place with the backend given.")
+
+EXERCISES = [RecordingBackend(), PredictGraphs(), PredictCompiles(), FuseAddGelu(), DeadCode(), MinCut(),
+             ChooseSaved(), ReadKernels(), CompileBlocks()]
+CHAPTER = Chapter("compile", exercises=EXERCISES,
+                  sandbox_files=("compile/scaffold.py", "compile/workloads.py", "compile/joint_graph.py",
+                                 "compile/save_costs.py"))
+
+__all__ = ["CHAPTER", "EXERCISES", "Policy", "Violation", "check_policy", "describe_violations", "POLICY_ALLOW"]
