@@ -6,7 +6,14 @@ so one function is compiled per module and every check reads that one result. Th
 import pytest
 import torch
 
-from ptinternals.compile.inductor import compile_and_read, extern_calls, kernel_defs, kernel_ops
+from ptinternals.compile.inductor import (
+    compile_and_read,
+    extern_calls,
+    generate_code,
+    kernel_defs,
+    kernel_ops,
+    kernel_source,
+)
 
 
 def mm_between(x, w):
@@ -37,6 +44,21 @@ def test_kernels_fusion_and_library_calls(compiled):
     assert loop_nests >= len(kernels)                  # metrics count loop nests, not functions
 
 
+def test_code_written_without_building_is_the_code_compiled(compiled):
+    """generate_code stops Inductor after codegen: same kernels, same fusion, same library calls as a real
+    compile, and the Triton version fuses the same ops (under Triton's names)."""
+    out, (x, w), _ = compiled
+    written = generate_code(mm_between, x, w)
+    assert written.result is None and [k.name for k in written.kernels] == [k.name for k in out.kernels]
+    assert written.fusion == out.fusion and written.extern == out.extern == ["mm"]
+    assert written.kernel_names == [k.name for k in out.kernels] and written.library == ["extern_kernels.mm"]
+    triton = generate_code(mm_between, x, w, backend="triton")
+    assert [k.language for k in triton.kernels] == ["triton", "triton"]
+    assert [k.ops for k in triton.kernels] == [k.ops for k in out.kernels]
+    assert triton.kernel_names[1].startswith("triton_per_fused_")       # a persistent reduction: one row per block
+    assert "@triton.jit" in kernel_source(triton.code[0], triton.kernel_names[0])
+
+
 SNIPPET = '''
 cpp_fused_add_cos_0 = async_compile.cpp_pybinding(['const float*', 'float*'], r\'\'\'
 extern "C" void kernel(const float* in_ptr0, float* out_ptr0) {}
@@ -57,6 +79,9 @@ def test_reading_output_code_without_compiling():
     assert extern_calls(SNIPPET) == ["addmm", "bmm"]
     assert kernel_ops("cpp_fused_not_an_op_here_0") == ("not_an_op_here",)   # unknown: returned whole
     assert kernel_defs("def call(args):\n    return ()") == []
+    assert kernel_source(SNIPPET, "cpp_fused_add_cos_0").endswith("{}\n\'\'\')")
+    with pytest.raises(ValueError, match="no kernel named 'nope'"):
+        kernel_source(SNIPPET, "nope")
     for fn in (kernel_defs, extern_calls, kernel_ops):
         with pytest.raises(TypeError, match="must be a str"):
             fn(None)

@@ -26,12 +26,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["KernelDef", "InductorOutput", "compile_and_read", "generate_code", "kernel_defs", "extern_calls", "kernel_ops"]
+__all__ = ["KernelDef", "InductorOutput", "compile_and_read", "generate_code", "kernel_defs", "kernel_source",
+           "extern_calls", "kernel_ops"]
 
 _DEF = re.compile(r"^(?P<name>\w+) = async_compile\.(?P<kind>cpp_pybinding|cpp|triton)\(", re.MULTILINE)
 _EXTERN = re.compile(r"\bextern_kernels\.(\w+)\(")
@@ -113,6 +115,21 @@ def kernel_defs(code: str) -> list[KernelDef]:
         raise TypeError(f"code must be a str (Inductor output code), got {type(code).__name__}")
     return [KernelDef(m["name"], "triton" if m["kind"] == "triton" else "cpp", kernel_ops(m["name"]))
             for m in _DEF.finditer(code)]
+
+
+def kernel_source(code: str, name: str) -> str:
+    """The definition of kernel ``name`` in an output-code module: ``name = async_compile.<kind>(...)`` with
+    the kernel's source, which Inductor writes between triple quotes."""
+    if not isinstance(code, str) or not isinstance(name, str):
+        raise TypeError("code and name must be str")
+    m = re.search(rf"^{re.escape(name)} = async_compile\.\w+\(", code, re.MULTILINE)
+    if m is None:
+        raise ValueError(f"no kernel named {name!r} is defined in this code; it defines "
+                         f"{[k.name for k in kernel_defs(code)]}")
+    opening = code.index("'''", m.end())
+    closing = code.index("'''", opening + 3)
+    end = code.find("\n", closing)
+    return code[m.start():end if end >= 0 else len(code)]
 
 
 def extern_calls(code: str) -> list[str]:
@@ -224,7 +241,11 @@ def generate_code(fn: Callable, *args: Any, backend: str = "cpp") -> InductorOut
         if backend == "triton":                              # no driver is needed to *write* Triton code
             torch_triton.triton_backend = lambda: None
             torch_triton.triton_hash_with_backend = lambda: "cpu-codegen-only"
-        with _recording_fusion(groups), inductor_config.patch(cpu_backend=backend):
+        # vec_isa_ok: trust the CPU's flags for the vector ISA instead of test-building a program per ISA
+        # with g++ (tens of seconds in a fresh cache); nothing is built here anyway
+        with _recording_fusion(groups), inductor_config.patch({"cpu_backend": backend, "cpp.vec_isa_ok": True}), \
+                warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Could not find an active CPU backend")  # we run nothing
             try:
                 torch.compile(fn, dynamic=False)(*args)
             except Exception:                                # the abandoned compile, wrapped by Dynamo
