@@ -75,6 +75,14 @@ def _compiled(model: GPT, variant: str):
     return torch.compile(model, mode="reduce-overhead")
 
 
+def _forward_fn(run_model, idx, autocast):
+    def step():
+        with torch.no_grad(), autocast:
+            return run_model(idx)[0]
+
+    return step
+
+
 def forward(ctx) -> list[Measurement]:
     cfg = _config(ctx)
     device = ctx.device
@@ -90,11 +98,7 @@ def forward(ctx) -> list[Measurement]:
     for variant in _variants(device):
         torch._dynamo.reset()
         model = copy.deepcopy(base)
-        run_model = _compiled(model, variant)
-
-        def step():
-            with torch.no_grad(), autocast:
-                return run_model(idx)[0]
+        step = _forward_fn(_compiled(model, variant), idx, autocast)
 
         t0 = time.perf_counter()
         out = step()                                  # compiles (and autotunes) on the first call
@@ -115,7 +119,7 @@ def forward(ctx) -> list[Measurement]:
                    "max_abs_diff_vs_eager": diff, "inductor_cache": cache if variant != "eager" else None,
                    "mfu_h200": flops / (ms * 1e-3) / H200_BF16_DENSE_FLOPS if device == "cuda" else None,
                    "params_M": base.num_params() / 1e6}))
-        del run_model, model
+        del step, model
     torch._dynamo.reset()
     return rows
 

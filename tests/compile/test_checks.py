@@ -265,3 +265,21 @@ def test_bad_specs_raise_clear_errors():
         generate_code(torch.sin, torch.ones(2), backend="cuda")
     with pytest.raises(ValueError, match="n_embd divisible by n_head"):
         TinyGPT((5, 1, 3, 4, 4))
+
+
+@pytest.mark.slow
+def test_inductor_builds_inside_the_sandbox():
+    """No check compiles with Inductor in the sandbox, but a student's code may: g++ is there (under
+    bubblewrap too), the cache is the job's own folder, and the precompiled header (bigger than the
+    sandbox's file-size limit) is off."""
+    from ptinternals.grading.sandbox import SandboxConfig, cleanup, run_job
+
+    cell = ("import torch\nout = torch.compile(lambda x: (x.sin() * 2).relu())(torch.ones(8))\n"
+            "print('INDUCTOR', float(out.sum()))\n")
+    config = SandboxConfig()
+    config.limits.wall_s = 600
+    result = run_job({"cells": [{"id": "c", "source": cell}], "exercises": [], "cell_timeout_s": 540}, {}, config)
+    try:
+        assert "INDUCTOR 13.46" in result.stdout_tail, (result.isolation, result.stderr_tail[-2000:])
+    finally:
+        cleanup(result)

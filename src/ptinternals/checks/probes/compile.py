@@ -214,8 +214,8 @@ def capture_joint(program_spec, grad, partition: str = "default"):
     its two long-range heuristics off: the grader's expected answer)."""
     from torch._functorch import config as functorch_config
     from torch._functorch.aot_autograd import aot_function, make_boxed_func
-    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
     from torch._functorch.compile_utils import fx_graph_cse
+    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
     program = Program.from_spec(program_spec)
     xs = program.inputs(0, grad)
