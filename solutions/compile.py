@@ -282,7 +282,7 @@ for c, r in zip(calls, report.calls):
 def predict_compiles(calls, recompile_limit=8):
     """1 if Dynamo compiles scaffold.f during the call, else 0, for each call (a dict) in order."""
     ### BEGIN SOLUTION
-    # twin: ptinternals.compile.guard_rules.predict_compiles (which takes CallSpecs)
+    # twin: ptinternals.compile.guard_rules.predict_compiles
     entries, out = [], []
     first = None                    # (shape, n) of the first compiled call
     dynamic_dims, all_dynamic, n_dynamic = set(), False, False
@@ -754,7 +754,7 @@ print(kernel_source(written["triton"].code[0], written["triton"].kernel_names[0]
 def read_kernels(code):
     """([(kernel name, ATen ops in its name)], [extern_kernels calls]) of one Inductor output-code module."""
     ### BEGIN SOLUTION
-    # twin: ptinternals.compile.inductor.kernel_defs (and extern_calls)
+    # twin: ptinternals.compile.inductor.read_kernels
     import re
 
     known = {name.split("::", 1)[1].split(".")[0] for name in torch._C._dispatch_get_all_op_names()

@@ -20,9 +20,9 @@ BUGGY = {
         "keeps_only_the_last_graph": (_bug("recording_backend", "graphs.append(gm)", "graphs[:] = [gm]"),
                                       "only the last graph"),
         "returns_a_result_not_a_callable": (_bug("recording_backend", "return gm.forward\n",
-                                                 "return gm.forward(*example_inputs)\n"), ""),
+                                                 "return gm.forward(*example_inputs)\n"), None),
         "keeps_the_example_inputs": (_bug("recording_backend", "graphs.append(gm)", "graphs.append(example_inputs)"),
-                                     "keep the torch.fx.GraphModule"),
+                                     "the torch.fx.GraphModule"),
         "returns_a_copy_of_the_list": (_bug("recording_backend", "return backend, graphs", "return backend, list(graphs)"),
                                        "the very list"),
     },
@@ -42,9 +42,10 @@ BUGGY = {
         "never_dynamic": (_bug("predict_compiles", "if first is None:", "if True:"), "FIRST call"),
         "limit_off_by_one": (_bug("predict_compiles", "len(entries) >= recompile_limit",
                                   "len(entries) > recompile_limit"), "recompile_limit"),
-        "rank_change_keeps_dims_static": (_bug("predict_compiles", "all_dynamic = True", "all_dynamic = False"), ""),
+        "rank_change_keeps_dims_static": (_bug("predict_compiles", "all_dynamic = True", "all_dynamic = False"),
+                                          "change of rank"),
         "strides_not_guarded": (_bug("predict_compiles", 'return tuple(c["stride"]) == strides and',
-                                     "return True and"), ""),
+                                     "return True and"), None),
     },
     "compile.fuse_add_gelu": {
         "fuses_a_leaked_add": (_bug("fuse_add_gelu", " or set(add.users) != {node}", ""), "no user but the gelu"),
@@ -64,7 +65,7 @@ BUGGY = {
         "random_ops_are_pure": (_bug("dead_code", "return op in random_fns or op in _side_effectful_functions",
                                      "return op in _side_effectful_functions"), "random generator"),
         "unused_inputs_erased": (_bug("dead_code", 'if node.op in ("placeholder", "output"):',
-                                      'if node.op == "output":'), ""),
+                                      'if node.op == "output":'), None),
         "forgets_recompile": (_bug("dead_code", "    gm.recompile()\n", ""), "gm.recompile()"),
     },
     "compile.min_cut": {
@@ -79,12 +80,13 @@ BUGGY = {
     },
     "compile.choose_saved": {
         "tangent_closure_drains_its_output": (_bug("choose_saved", 'edges.append((node.name + "_in", "sink", math.inf))',
-                                                   'edges.append((node.name + "_out", "sink", math.inf))'), ""),
+                                                   'edges.append((node.name + "_out", "sink", math.inf))'),
+                                              "(n_in -> sink)"),
         "primals_recomputable": (_bug("choose_saved", "banned = is_primal(node) or", "banned = False or"),
-                                 "primals"),
+                                 "Primals cannot be recomputed"),
         "saves_what_it_recomputes": (_bug("choose_saved", ' and n.name + "_in" not in sink_side', ""),
                                      "source side"),
-        "bans_backward_nodes": (_bug("choose_saved", "node in info.required_fw and ", ""), ""),
+        "bans_backward_nodes": (_bug("choose_saved", "node in info.required_fw and ", ""), "forward nodes only"),
     },
     "compile.read_kernels": {
         "misses_triton_kernels": (_bug("read_kernels", r"async_compile\.(?:cpp_pybinding|cpp|triton)\(",
@@ -95,7 +97,7 @@ BUGGY = {
                              "trailing _<number>"),
         "library_calls_deduplicated": (_bug("read_kernels", r'return kernels, re.findall(r"\bextern_kernels\.(\w+)\(", code)',
                                             r'return kernels, sorted(set(re.findall(r"\bextern_kernels\.(\w+)\(", code)))'),
-                                       ""),
+                                       None),
     },
     "compile.compile_blocks": {
         "only_the_first_block": (_bug("compile_blocks", "for block in model.transformer.h:",
@@ -104,9 +106,9 @@ BUGGY = {
                                 "torch.compile(block, backend=backend)"), "in place"),
         "whole_model": (_bug("compile_blocks", "for block in model.transformer.h:\n        block.compile(backend=backend)",
                              "model.compile(backend=backend)"), "each block"),
-        "returns_the_blocks": (_bug("compile_blocks", "return model\n", "return model.transformer\n"),
-                               ""),
+        "returns_the_blocks": (_bug("compile_blocks", "return model\n", "return model.transformer\n"), None),
     },
 }
 
 DEPENDS_ON = {"compile.choose_saved": ("compile.min_cut",)}
+TESTS_OF_TESTS = {"hints", "twins", "boundaries"}

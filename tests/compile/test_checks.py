@@ -35,10 +35,16 @@ def ex(name: str):
     return CHAPTER.exercise(f"compile.{name}")
 
 
+def problems(exercise, cells: list[dict]) -> str | None:
+    """What the trusted grader says about ``cells`` for ``exercise`` (its source_problem, as grade_notebook
+    calls it)."""
+    return exercise.source_problem({c["id"]: c["source"] for c in cells}, own_cell=exercise.answer_cell)
+
+
 # ---- the static policy --------------------------------------------------------------------------
 def test_the_solutions_pass_every_policy():
     cells = answer_cells()
-    assert {e.id: e.static_problems(cells) for e in CHAPTER.exercises} == {e.id: None for e in CHAPTER.exercises}
+    assert {e.id: problems(e, cells) for e in CHAPTER.exercises} == {e.id: None for e in CHAPTER.exercises}
 
 
 CHEATS = {
@@ -138,27 +144,34 @@ def test_the_policy_refuses_each_shortcut(name):
         replace["compile_blocks"] = answer_sources("compile")["compile_blocks_code"] + (
             "\nfrom torch.fx.subgraph_rewriter import replace_pattern\n"
             "def my_helper(gm, op):\n    return len(replace_pattern(gm, lambda a, b: a, lambda a, b: a))\n")
-    problems = ex(exercise).static_problems(answer_cells(**replace))
-    assert problems is not None and "scores 0" in problems and words in problems, problems
-    assert re.search(r"answer cell \w+_code, line \d+", problems), problems
+    found = problems(ex(exercise), answer_cells(**replace))
+    assert found is not None and "scores 0" in found and words in found, found
+    assert re.search(r"answer cell \w+_code, line \d+", found), found
 
 
 def test_the_policy_leaves_other_exercises_alone():
     """A shortcut in one answer cell costs that exercise (and those that rely on it), not the others."""
     cells = answer_cells(fuse_add_gelu=CHEATS["torch's rewriter"][1])
-    failed = {e.id for e in CHAPTER.exercises if e.static_problems(cells)}
+    failed = {e.id for e in CHAPTER.exercises if problems(e, cells)}
     assert failed == {"compile.fuse_add_gelu"}
 
 
-def test_the_grader_fails_a_shortcut_before_running_it(tmp_path):
-    """torch's own rewriter passes the behavioural check (it IS the answer); the grader refuses it from
-    its source, in its own process, without starting a sandbox."""
+def test_instant_feedback_names_the_shortcut():
+    """check() in the notebook reads the cell that defined the function and refuses the shortcut too."""
+    ns = namespace_with("compile", replace={"fuse_add_gelu_code": CHEATS["torch's rewriter"][1]})
+    with pytest.raises(CheckFailure, match="subgraph_rewriter") as info:
+        check("compile.fuse_add_gelu", ns["fuse_add_gelu"])
+    assert info.value.category == "forbidden"
+
+
+@pytest.mark.slow
+def test_the_grader_fails_a_shortcut_that_gives_the_right_answers(tmp_path):
+    """torch's own rewriter gives exactly the expected graphs; the grader refuses it from its source, in its
+    own process (main's Exercise.source_problem hook), whatever the sandbox run reported."""
     from ptinternals.grading.sandbox import SandboxConfig
     from ptinternals.grading.trusted import grade_notebook
 
     source = CHEATS["torch's rewriter"][1]
-    ns = namespace_with("compile", replace={"fuse_add_gelu_code": source})
-    check("compile.fuse_add_gelu", ns["fuse_add_gelu"])           # accepted on behaviour alone
     nb = nbformat.read(ROOT / "solutions" / "compile" / "compile.ipynb", as_version=4)
     for cell in nb.cells:
         if cell.metadata.get("nbgrader", {}).get("grade_id") == "fuse_add_gelu_code":
@@ -166,8 +179,7 @@ def test_the_grader_fails_a_shortcut_before_running_it(tmp_path):
     report = grade_notebook(nb, CHAPTER, tmp_path, SandboxConfig(), only={"compile.fuse_add_gelu"})
     (result,) = report.exercises
     assert (result.passed, result.score, result.category) == (False, 0.0, "forbidden")
-    assert "subgraph_rewriter" in result.message and report.sandbox_runs == 0
-    assert any("static check failed" in e for e in report.events)
+    assert "subgraph_rewriter" in result.message
 
 
 # ---- the truth -----------------------------------------------------------------------------------

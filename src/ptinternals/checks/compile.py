@@ -66,8 +66,15 @@ class CompileExercise(Exercise):
 
     policy: Policy | None = None
 
-    def static_problems(self, cells: list[dict]) -> str | None:
-        """What the submission's answer ``cells`` use that this exercise forbids (None: nothing)."""
+    def source_problem(self, sources: dict[str, str], own_cell: str | None = None) -> str | None:
+        """What the answer cells use that this exercise forbids (None: nothing). ``sources``: ``{cell id:
+        source}`` (the grader: setup and answer cells, ``own_cell`` this exercise's), or the cell(s) that
+        defined the entry point (instant feedback, ``own_cell`` None: all of it is the exercise's own code).
+        The course's setup cell is not the student's and is left out."""
+        if own_cell is None:  # feedback: the cell(s) that defined the entry point are the answer's own code
+            cells = [{"id": self.answer_cell, "source": "\n".join(sources.values())}]
+        else:
+            cells = [{"id": k, "source": v} for k, v in sources.items() if k != "setup"]
         violations = check_policy(self, cells, POLICY_ALLOW)
         return describe_violations(self, violations) if violations else None
 
@@ -75,6 +82,9 @@ class CompileExercise(Exercise):
 # ================================================================================================
 # compile.recording_backend: a backend that keeps every graph
 # ================================================================================================
+BREAKS = {"print", "graph_break"}
+
+
 def _statements(min_size=0, max_size=6):
     return st.lists(st.sampled_from(sorted(STATEMENTS)), min_size=min_size, max_size=max_size)
 
@@ -89,6 +99,14 @@ class RecordingBackend(CompileExercise):
     title = "a Dynamo backend that keeps every graph"
     probe = "ptinternals.checks.probes.compile:record_graphs"
     timeout_s = 60.0  # ~20 Dynamo compiles: 11 s in the sandbox at load 12
+    boundary_classes = {
+        "the empty program: the backend is never called": lambda c, e: c.args[0] == [] and e["graphs"] == [],
+        "only breaks, no op: no graph": lambda c, e: c.args[0] and set(c.args[0]) <= BREAKS and not e["graphs"],
+        "a break first and a break last": lambda c, e: c.args[0][0] in BREAKS and c.args[0][-1] in BREAKS,
+        "the helper called twice (its frame compiled once)": lambda c, e: c.args[0].count("helper") >= 2,
+        "a new size: a recompilation": lambda c, e: len(c.args[1]) > 1 and len(e["graphs"]) > 1,
+        "an input of size 1": lambda c, e: 1 in c.args[1],
+    }
 
     def visible_cases(self):
         return [Case((s, z), label=_program_label(s, z)) for s, z in (
@@ -130,6 +148,8 @@ class RecordingBackend(CompileExercise):
     def diagnose(self, case, got, expected):
         if not isinstance(got, dict):
             return None
+        if any(ops is None for _, ops in got["graphs"]):
+            return "keep gm itself, the torch.fx.GraphModule the backend is given first (not example_inputs)."
         n, want = len(got["graphs"]), len(expected["graphs"])
         if want > 1 and n == 1:
             return ("only the last graph is kept: append each graph to the same list, never replace the list "
@@ -153,6 +173,14 @@ class PredictGraphs(CompileExercise):
     title = "predict Dynamo's graphs and graph breaks"
     forbid = PLAIN
     timeout_s = 10.0
+    boundary_classes = {
+        "the empty program": lambda c, e: c.args[0] == [],
+        "only breaks": lambda c, e: c.args[0] and set(c.args[0]) <= BREAKS,
+        "a break with nothing before it": lambda c, e: c.args[0][0] in BREAKS and len(c.args[0]) > 1,
+        "a trailing break (graph_break_count != breaks)": lambda c, e: c.args[0][-1] in BREAKS and e[1] != max(e[0] - 1, 0),
+        "the helper called twice": lambda c, e: c.args[0].count("helper") >= 2,
+        "a break inside a statement (item, branch)": lambda c, e: bool({"item", "branch"} & set(c.args[0])),
+    }
 
     def visible_cases(self):
         return [Case((s,), label=_program_label(s)) for s in (
@@ -246,6 +274,15 @@ class PredictCompiles(CompileExercise):
     title = "predict which calls recompile"
     forbid = PLAIN
     timeout_s = 10.0
+    boundary_classes = {
+        "the recompile limit reached, and one call past it": lambda c, e: sum(e) == 8 and len(e) > 8 and e[-1] == 0,
+        "a size 0": lambda c, e: any(0 in call["shape"] for call in c.args[0]),
+        "a size 1 after a dynamic dim": lambda c, e: any(1 in call["shape"] for call in c.args[0][2:]) and sum(e) > 1,
+        "a change of rank": lambda c, e: len({len(call["shape"]) for call in c.args[0]}) > 1,
+        "a transposed view": lambda c, e: any(call["transposed"] for call in c.args[0]),
+        "the same call twice: a cache hit": lambda c, e: any(a == b for a, b in zip(c.args[0], c.args[0][1:])),
+        "n changes: an int becomes symbolic": lambda c, e: len({call["n"] for call in c.args[0]}) > 2,
+    }
 
     def visible_cases(self):
         c = CallSpec
@@ -296,14 +333,18 @@ class PredictCompiles(CompileExercise):
         if i >= len(calls):
             return None
         call, earlier = calls[i], calls[:i]
-        if got[i] > expected[i] and len(earlier) >= 8 and sum(got[:i]) >= 8:
-            return "after 8 compiled entries (recompile_limit) Dynamo stops compiling the frame and runs it eagerly."
-        if got[i] == 0 and min(call["shape"], default=2) < 2 and any(len(c["shape"]) == len(call["shape"])
-                                                                     for c in earlier):
+        first = earlier[0] if earlier else None
+        if got[i] > expected[i]:                            # you predict a compile where Dynamo reuses or gives up
+            if sum(expected[:i]) >= 8:
+                return ("after 8 compiled entries (recompile_limit) Dynamo stops compiling the frame and runs "
+                        "it eagerly.")
+            if any(len(c["shape"]) != len(first["shape"]) for c in earlier):
+                return "a change of rank makes every dim dynamic from then on (also in later compiles)."
+            if len(call["shape"]) == len(first["shape"]) and tuple(call["shape"]) != tuple(first["shape"]):
+                return ("after one size change the dim is dynamic: the recompiled entry serves every size >= 2 "
+                        "(compare each size with the FIRST call's, not the previous one).")
+        elif any(size < 2 for size in call["shape"]) and earlier:
             return "sizes 0 and 1 are always specialised: a dynamic dim guards 'size >= 2'."
-        if got[i] == 1 and earlier and all(c["shape"] != call["shape"] for c in earlier[-1:]):
-            return ("after one size change the dim is dynamic: the recompiled entry serves every size >= 2 "
-                    "(compare each size with the FIRST call's, not the previous one).")
         return None
 
 
@@ -325,6 +366,23 @@ def _fx_label(spec) -> str:
     return f"x=v0; {body}; return {', '.join(f'v{k}' for k in outputs)}"
 
 
+def _ops_of(case) -> list[str]:
+    return [op for op, _, _ in case.args[0][0]]
+
+
+def _leaked_add(spec) -> bool:
+    """A gelu(add) whose add is read by something else too (torch leaves it unfused)."""
+    steps, outputs = spec
+    reads: dict[int, int] = {}
+    for op, i, j in steps:
+        for v in ((i, j) if op in ("add", "gelu_tanh", "aten_add_") else (i,)):
+            reads[v] = reads.get(v, 0) + 1
+    for k in outputs:
+        reads[k] = reads.get(k, 0) + 1
+    return any(op in ("add", "add_bias", "add_self", "add_const", "const_add") and reads.get(k + 1, 0) >= 2
+               and any(o == "gelu" and i == k + 1 for o, i, _ in steps) for k, (op, _, _) in enumerate(steps))
+
+
 def torch_fused(spec) -> tuple[int, list[str]]:
     """torch's subgraph_rewriter on the graph of ``spec``: (replacements, canonical graph)."""
     from torch.fx import subgraph_rewriter
@@ -343,6 +401,16 @@ class FuseAddGelu(CompileExercise):
     title = "a pattern-replacement pass: gelu(a + b) into one op"
     probe = "ptinternals.checks.probes.compile:fuse_case"
     timeout_s = 20.0
+    boundary_classes = {
+        "a graph with no ops": lambda c, e: c.args[0][0] == (),
+        "no match at all": lambda c, e: c.args[0][0] and e["count"] == 0,
+        "a + a (one node bound twice)": lambda c, e: "add_self" in _ops_of(c),
+        "a constant operand": lambda c, e: bool({"add_const", "const_add"} & set(_ops_of(c))),
+        "the add has another user": lambda c, e: _leaked_add(c.args[0]),
+        "gelu with a keyword": lambda c, e: "gelu_tanh" in _ops_of(c),
+        "two matches, one feeding the other": lambda c, e: e["count"] >= 2,
+        "an output that is the input": lambda c, e: 0 in c.args[0][1],
+    }
 
     FIXED = {
         "the pattern alone": ((("add_bias", 0, 0), ("gelu", 1, 1)), (2,)),
@@ -363,7 +431,8 @@ class FuseAddGelu(CompileExercise):
             ("a constant first: gelu(2.0 + x)", ((("const_add", 0, 0), ("gelu", 1, 1), ("sin", 2, 2)), (3, 1))),
             ("the match is not an output", ((("add_bias", 0, 0), ("gelu", 1, 1), ("relu", 2, 2)), (3,))),
             ("a gelu used twice", ((("add_bias", 0, 0), ("gelu", 1, 1), ("add", 2, 2)), (3, 2))),
-            ("a + a, then the pattern", ((("add_self", 0, 0), ("gelu", 1, 1), ("gelu_bias", 2, 2)), (3,)))]
+            ("a + a, then the pattern", ((("add_self", 0, 0), ("gelu", 1, 1), ("gelu_bias", 2, 2)), (3,))),
+            ("the add read by the gelu and by sin", ((("add_bias", 0, 0), ("gelu", 1, 1), ("sin", 1, 1)), (2, 3)))]
         return [Case((spec,), label=label) for label, spec in fixed] + \
                [Case((spec,), label=_fx_label(spec)) for spec in draw(fx_specs(), 24)]
 
@@ -394,14 +463,12 @@ class FuseAddGelu(CompileExercise):
             return None
         if got["count"] == expected["count"] and got["graph"] == expected["graph"] and not got["recompiled"]:
             return "call gm.recompile() after editing gm.graph: gm(...) runs the code generated at the last recompile."
-        spec_ops = [op for op, _, _ in case.args[0][0]]
         if isinstance(got["count"], int) and got["count"] > expected["count"]:
-            if "add_self" in spec_ops:
-                return "a and b must bind two different nodes (or constants): torch's matcher does not match x + x."
-            if "gelu_tanh" in spec_ops:
+            tanh = "approximate='tanh'"
+            if " ".join(got["graph"]).count(tanh) < " ".join(expected["graph"]).count(tanh):
                 return "gelu with approximate='tanh' (a keyword) is not the pattern's gelu: skip calls with kwargs."
-            return ("a match is replaceable only if its add has no user but the gelu: otherwise the add's value "
-                    "is still needed and would be lost.")
+            if "add_self" in _ops_of(case):
+                return "a and b must bind two different nodes (or constants): torch's matcher does not match x + x."
         if got["graph"] != expected["graph"] and got["count"] == expected["count"]:
             return "keep the operands in order: fused_op(a, b) for gelu(a + b)."
         return None
@@ -448,6 +515,20 @@ class DeadCode(CompileExercise):
     title = "dead code elimination that keeps side effects"
     probe = "ptinternals.checks.probes.compile:dce_case"
     timeout_s = 20.0
+    boundary_classes = {
+        "no ops": lambda c, e: c.args[0][0] == (),
+        "a single op": lambda c, e: len(c.args[0][0]) == 1,
+        "the output is the input": lambda c, e: c.args[0][1] == (0,),
+        "nothing dead": lambda c, e: c.args[0][0] and e["erased"] == [],
+        "a dead chain (erasing a node kills its input)": lambda c, e: len(e["erased"]) >= 2,
+        "an in-place method without users": lambda c, e: "add_" in _ops_of(c),
+        "an ATen op with a mutable schema": lambda c, e: "aten_add_" in _ops_of(c),
+        "torch.rand_like": lambda c, e: "rand_like" in _ops_of(c),
+        "F.dropout (torch's own DCE would erase it)": lambda c, e: "dropout" in _ops_of(c),
+        "an ATen random op": lambda c, e: "bernoulli" in _ops_of(c),
+        "operator.setitem": lambda c, e: "setitem" in _ops_of(c),
+        "an unused input (kept)": lambda c, e: all(op not in ("add_bias", "gelu_bias") for op in _ops_of(c)),
+    }
 
     FIXED = {
         "a dead chain": ((("sin", 0, 0), ("exp", 1, 1), ("relu", 2, 2), ("gelu", 0, 0)), (4,)),
@@ -469,6 +550,7 @@ class DeadCode(CompileExercise):
             ("x[0] = 0.0 (operator.setitem)", ((("sin", 0, 0), ("setitem", 0, 0), ("exp", 1, 1)), (1,))),
             ("a pure ATen op nobody uses", ((("aten_sin", 0, 0), ("relu", 0, 0)), (2,))),
             ("a dead value feeding an in-place op", ((("exp", 0, 0), ("add_", 1, 1), ("relu", 0, 0)), (3,))),
+            ("a dead chain ending in dropout", ((("exp", 0, 0), ("dropout", 1, 1), ("relu", 0, 0)), (3,))),
         ]
         return [Case((spec,), label=label) for label, spec in fixed] + \
                [Case((spec,), label=_fx_label(spec)) for spec in draw(fx_specs(FX_STEPS + IMPURE_STEPS, 9), 24)]
@@ -510,7 +592,7 @@ class DeadCode(CompileExercise):
             return "call gm.recompile() after erasing nodes."
         erased_wrongly = [n for n in expected["remaining"] if n not in got["remaining"]]
         kept_wrongly = [n for n in got["remaining"] if n not in expected["remaining"]]
-        if any(n.startswith("add_") for n in erased_wrongly):
+        if any(re.fullmatch(r"add_(_\d+)?", n) for n in erased_wrongly):
             return "x.add_(1) changes x: an in-place method (a name ending in one '_') is a side effect."
         if any(n.startswith(("dropout", "rand_like", "bernoulli")) for n in erased_wrongly):
             return "a random op advances the random generator: removing it changes every later random number."
@@ -540,6 +622,19 @@ def networkx_cut(edges, source, sink):
     return (value, sorted(sink_side, key=P.label_key))
 
 
+def _other_extreme(edges, source, sink):
+    """The sink side of the *other* extreme minimum cut (the complement of what the source still reaches),
+    from networkx on the reversed network: it differs from the expected one exactly when cuts tie."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_nodes_from([source, sink])
+    for u, v, c in edges:
+        g.add_edge(v, u, capacity=c)
+    _, (_, source_side) = nx.minimum_cut(g, sink, source)
+    return sorted(set(g.nodes) - set(source_side), key=P.label_key)
+
+
 @st.composite
 def networks(draw_):
     n = draw_(st.integers(2, 9))
@@ -559,6 +654,15 @@ class MinCut(CompileExercise):
     forbid = PLAIN
     probe = "ptinternals.checks.probes.compile:min_cut_case"
     timeout_s = 10.0
+    boundary_classes = {
+        "an infinite path: ValueError": lambda c, e: isinstance(e, Raises),
+        "no edges": lambda c, e: c.args[0] == [],
+        "the sink unreachable: a cut of 0": lambda c, e: not isinstance(e, Raises) and e[0] == 0,
+        "a tie: the two extreme cuts differ": lambda c, e: not isinstance(e, Raises) and _other_extreme(*c.args) != e[1],
+        "an edge given twice": lambda c, e: len({(u, v) for u, v, _ in c.args[0]}) < len(c.args[0]),
+        "edges both ways": lambda c, e: any((v, u) in {(a, b) for a, b, _ in c.args[0]} for u, v, _ in c.args[0]),
+        "zero capacities": lambda c, e: any(cap == 0 for _, _, cap in c.args[0]),
+    }
 
     def visible_cases(self):
         inf = math.inf
@@ -578,6 +682,8 @@ class MinCut(CompileExercise):
             ("ties along a chain", [("s", "a", 1), ("a", "b", 1), ("b", "c", 1), ("c", "t", 1)], "s", "t"),
             ("infinite edges around finite ones", [("s", "a", inf), ("a", "b", 3), ("b", "t", inf), ("a", "c", 2),
                                                    ("c", "t", inf)], "s", "t"),
+            ("an infinite path beside finite ones", [("s", "a", 1), ("a", "t", 1), ("s", "b", inf), ("b", "t", inf)],
+             "s", "t"),
             ("a partitioner's network", [("source", "x_in", inf), ("x_in", "x_out", 39), ("x_out", "sin_in", inf),
                                          ("sin_in", "sin_out", 78), ("sin_out", "cos_in", inf), ("x_out", "cos_in", inf),
                                          ("cos_in", "sink", inf), ("sin_out", "sink", inf)], "source", "sink"),
@@ -603,16 +709,23 @@ class MinCut(CompileExercise):
     def diagnose(self, case, got, expected):
         if isinstance(expected, Raises):
             return "when the flow you push along a path is infinite, raise ValueError: no finite cut exists."
-        if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], (int, float)):
-            if abs(got[0] - expected[0]) <= 1e-9:
-                return ("a tie: take the sink side as the nodes that can still reach the sink in the final residual "
-                        "graph (not the complement of what the source reaches).")
-            if got[0] > expected[0]:
-                return ("the flow is too small: pushing flow along u -> v must add the same residual capacity to "
-                        "v -> u, so that a later path can undo it.")
-            edges = case.args[0]
-            if len({(u, v) for u, v, _ in edges}) < len(edges):
-                return "a repeated (u, v) replaces the earlier capacity; it does not add to it."
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], (int, float))):
+            return None
+        edges, source, sink = case.args
+        side = got[1] if isinstance(got[1], list) else None
+        if abs(got[0] - expected[0]) <= 1e-9 and side is not None and \
+                set(map(P.label_key, side)) == set(map(P.label_key, _other_extreme(*case.args))):
+            return ("a tie: take the sink side as the nodes that can still reach the sink in the final residual "
+                    "graph (not the complement of what the source reaches).")
+        summed: dict = {}
+        for u, v, c in edges:
+            summed[u, v] = summed.get((u, v), 0) + c
+        if len(summed) < len(edges) and got[0] == networkx_cut([(u, v, c) for (u, v), c in summed.items()],
+                                                               source, sink)[0]:
+            return "a repeated (u, v) replaces the earlier capacity; it does not add to it."
+        if got[0] >= expected[0]:  # a residual path to the sink was left: the flow was not a maximum one
+            return ("the flow is too small: pushing flow along u -> v must add the same residual capacity to "
+                    "v -> u, so that a later path can undo it.")
         return None
 
 
@@ -645,7 +758,15 @@ PARTITION_CASES = {
     "an output that is an input": ((2, (("mul", 0, 1), ("sin", 2, 2)), (0, 3), 3), None),
     "an in-place op (functionalised)": ((2, (("inplace", 0, 1), ("sin", 2, 2)), (3,), 4), None),
     "a transpose (a view) between ops": ((1, (("exp", 0, 0), ("t", 1, 1), ("mul", 2, 1)), (3,), 4), None),
+    "one op on a frozen weight": ((2, (("mul", 0, 1),), (2,), 4), (True, False)),
 }
+
+
+POINTWISE = {"sin", "cos", "exp", "tanh", "sigmoid", "relu", "neg", "add", "mul", "sub"}
+
+
+def _program_ops(case) -> list[str]:
+    return [op for op, _, _ in case.args[0][1]]
 
 
 def program_label(spec, grad) -> str:
@@ -658,6 +779,17 @@ class ChooseSaved(CompileExercise):
     title = "the partitioner's network: what AOTAutograd saves"
     probe = "ptinternals.checks.probes.compile:choose_saved_case"
     timeout_s = 60.0  # 17 AOTAutograd traces: 6 s in the sandbox at load 12
+    boundary_classes = {
+        "pointwise only: every value the same size (ties)": lambda c, e: set(_program_ops(c)) <= POINTWISE,
+        "a frozen input (no gradient)": lambda c, e: c.args[1] is not None and not all(c.args[1]),
+        "an output that is an input": lambda c, e: any(o < c.args[0][0] for o in c.args[0][2]),
+        "an in-place op": lambda c, e: "inplace" in _program_ops(c),
+        "a matmul (never recomputed)": lambda c, e: "mm" in _program_ops(c),
+        "a reduction 4x smaller than its input": lambda c, e: "rowsum" in _program_ops(c) and c.args[0][3] >= 8,
+        "a view between ops": lambda c, e: "t" in _program_ops(c),
+        "two outputs": lambda c, e: len(c.args[0][2]) >= 2,
+        "a single op": lambda c, e: len(c.args[0][1]) == 1,
+    }
 
     def visible_cases(self):
         return [Case(args, label=label) for label, args in list(PARTITION_CASES.items())[:3]]
@@ -667,14 +799,16 @@ class ChooseSaved(CompileExercise):
         return fixed + [Case(args, label=program_label(*args)) for args in draw(programs(), 8)]
 
     def expected(self, case):
-        return P.capture_joint(*case.args, partition="min_cut")[2]
+        joint, n, saved = P.capture_joint(*case.args, partition="min_cut")
+        return {"saved": saved, **_node_classes(joint, n)}
 
     def compare(self, case, got, expected):
         if not isinstance(got, list) or not all(isinstance(n, str) for n in got):
             return f"expected a list of node names, got {describe(got)}"
-        if got != expected:
-            return (f"AOTAutograd saves {expected}\n     you save {got}"
-                    + ("" if sorted(got) != sorted(expected) else "\n  (the same nodes: give them in graph order)"))
+        want = expected["saved"]
+        if got != want:
+            return (f"AOTAutograd saves {want}\n     you save {got}"
+                    + ("" if sorted(got) != sorted(want) else "\n  (the same nodes: give them in graph order)"))
         return None
 
     def diagnose(self, case, got, expected):
@@ -685,12 +819,43 @@ class ChooseSaved(CompileExercise):
             return None
         if not isinstance(got, list):
             return None
-        if any(n.startswith("primals") for n in set(expected) - set(got)):
-            return "primals (the inputs) cannot be recomputed: connect source -> n_in for every primal."
-        if set(got) > set(expected):
+        want = expected["saved"]
+        if set(got) & set(expected["tangent_closure"]):
+            return ("you save a value that depends on a tangent: such a node is computed in the backward, so its "
+                    "n_in drains to the sink (n_in -> sink) and it has no n_in -> n_out edge to cut.")
+        extra = sorted(set(got) - set(expected["forward"]) - set(want))
+        if extra:  # two mistakes give this symptom: name both
+            return (f"you save {extra}, which only the backward computes: either it is recomputed (a node is saved "
+                    f"only when its n_in is on the source side and its n_out on the sink side), or it was banned "
+                    f"(bans, source -> n_in, apply to forward nodes only: node in info.required_fw).")
+        if not got and want:
+            return ("nothing is saved: no path joins source and sink in your network. Primals cannot be recomputed "
+                    "(source -> n_in): connect the source to every primal.")
+        if set(got) > set(want):
             return ("a node is saved only when its n_in is on the source side and its n_out on the sink side; "
                     "the others on the sink side are recomputed in the backward.")
-        return "draw the network for this program by hand: the five kinds of edges, and which are infinite."
+        return None
+
+
+def _node_classes(joint, num_fwd_outputs: int) -> dict:
+    """Names of the joint graph's forward nodes (what the forward outputs need, primals included) and of
+    the nodes that depend on a tangent (computed in the backward)."""
+    nodes = list(joint.graph.nodes)
+    out = next(n for n in nodes if n.op == "output").args[0]
+    flat: list = []
+    fx.node.map_aggregate(out, flat.append)
+    forward = {n for n in nodes if n.op == "placeholder" and "tangents" not in n.name}
+    todo = [n for n in flat[:num_fwd_outputs] if isinstance(n, fx.Node)]
+    while todo:
+        node = todo.pop()
+        if node not in forward and "tangents" not in node.name:
+            forward.add(node)
+            todo.extend(node.all_input_nodes)
+    closure: set = set()
+    for node in nodes:
+        if (node.op == "placeholder" and "tangents" in node.name) or any(a in closure for a in node.all_input_nodes):
+            closure.add(node)
+    return {"forward": sorted(n.name for n in forward), "tangent_closure": sorted(n.name for n in closure)}
 
 
 # ================================================================================================
@@ -713,6 +878,7 @@ KERNEL_PROGRAMS = {
     "addmm then gelu": (lambda x, w, b: F.gelu(torch.addmm(b, x, w)), [(4, 8), (8, 6), (6,)]),
     "log_softmax and mean": (lambda x: torch.log_softmax(x, -1).mean(0), [(6, 10)]),
     "where and clamp": (lambda x: torch.where(x > 0, x, 0.1 * x).clamp(-1, 1), [(5, 7)]),
+    "two matmuls": (lambda x, w: (x @ w).relu() @ w.t(), [(4, 8), (8, 8)]),
 }
 
 
@@ -756,6 +922,14 @@ class ReadKernels(CompileExercise):
     id, entry, points = "compile.read_kernels", "read_kernels", 1
     title = "read Inductor's output code: kernels, fused ops, library calls"
     timeout_s = 20.0
+    boundary_classes = {
+        "no kernel at all": lambda c, e: e[0] == [],
+        "C++ kernels": lambda c, e: "async_compile.cpp" in c.args[0] and e[0],
+        "Triton kernels": lambda c, e: "async_compile.triton(" in c.args[0],
+        "a looped Triton reduction (triton_red_)": lambda c, e: any(n.startswith("triton_red_") for n, _ in e[0]),
+        "an op name with '_' in it": lambda c, e: any("_" in op for _, ops in e[0] for op in ops),
+        "the same library call twice": lambda c, e: len(e[1]) > len(set(e[1])),
+    }
     VISIBLE = (("pointwise chain", "cpp"), ("matmul between pointwise ops", "cpp"),
                ("matmul between pointwise ops", "triton"))
 
@@ -823,6 +997,13 @@ class CompileBlocks(CompileExercise):
     title = "regional compilation: one graph for every block"
     probe = "ptinternals.checks.probes.compile:compile_blocks_case"
     timeout_s = 120.0  # 4 s with the counting backend; an answer that compiles with Inductor builds C++ here
+    boundary_classes = {
+        "one block": lambda c, e: c.args[0][1] == 1,
+        "four blocks": lambda c, e: c.args[0][1] == 4,
+        "training: a backward through the compiled blocks": lambda c, e: c.args[2],
+        "a batch of 1": lambda c, e: c.args[1] == 1,
+        "one head": lambda c, e: c.args[0][2] == 1,
+    }
 
     @staticmethod
     def _case(spec, batch, train):
@@ -880,10 +1061,12 @@ class CompileBlocks(CompileExercise):
 # ================================================================================================
 # Method checks the student's code cannot forge: a static policy on the submission's source
 # ================================================================================================
-# Checked here, in the grader's process, on the answer cells' text (the student's code never runs in
-# this process). Self-contained until the generic mechanism of branch `grading` (grading/policy.py,
-# Exercise.policy, Chapter.policy_allow) lands: then this section is deleted, Policy is imported from
-# ptinternals.grading.policy, and POLICY_ALLOW becomes the Chapter's policy_allow. The API is the same.
+# Checked in the grader's process on the answer cells' text (main's hook ``Exercise.source_problem``,
+# called by trusted.grade_notebook with the submission's cells, and by check() with the defining cell
+# for instant feedback); the student's code never runs in this process. Self-contained until the generic
+# mechanism of branch `grading` (grading/policy.py, Exercise.policy, Chapter.policy_allow) lands: then
+# this section is deleted, Policy is imported from ptinternals.grading.policy, and POLICY_ALLOW becomes
+# the Chapter's policy_allow. The API is the same.
 @dataclass(frozen=True)
 class Policy:
     banned: tuple[str, ...] = ()  # in the exercise's own code and what it refers to: attributes, imports, strings

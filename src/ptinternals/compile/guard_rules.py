@@ -99,14 +99,16 @@ def _compile(c: CallSpec, state: _FrameState) -> _Entry:
                   None if state.n_dynamic else c.n, c.flag)
 
 
-def predict_compiles(calls: Sequence[CallSpec], recompile_limit: int = RECOMPILE_LIMIT) -> list[int]:
+def predict_compiles(calls: Sequence[CallSpec | dict], recompile_limit: int = RECOMPILE_LIMIT) -> list[int]:
     """For each call in order: 1 if Dynamo compiles ``f`` during it, else 0 (a cache hit, or eager
-    because the frame hit the recompile limit)."""
+    because the frame hit the recompile limit). A call is a ``CallSpec`` or its plain-data form
+    (``CallSpec.as_dict()``, what the exercise is given)."""
     if isinstance(calls, (str, bytes)) or not isinstance(calls, Sequence):
         raise TypeError(f"calls must be a list of CallSpec, got {type(calls).__name__}")
-    bad = [i for i, c in enumerate(calls) if not isinstance(c, CallSpec)]
+    bad = [i for i, c in enumerate(calls) if not isinstance(c, (CallSpec, dict))]
     if bad:
         raise TypeError(f"calls[{bad[0]}] must be a CallSpec, got {type(calls[bad[0]]).__name__}")
+    calls = [c if isinstance(c, CallSpec) else CallSpec.from_dict(c) for c in calls]
     entries: list[_Entry] = []
     state = _FrameState()
     out = []

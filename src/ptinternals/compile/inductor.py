@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["KernelDef", "InductorOutput", "compile_and_read", "generate_code", "kernel_defs", "kernel_source",
-           "extern_calls", "kernel_ops"]
+           "extern_calls", "kernel_ops", "read_kernels"]
 
 _DEF = re.compile(r"^(?P<name>\w+) = async_compile\.(?P<kind>cpp_pybinding|cpp|triton)\(", re.MULTILINE)
 _EXTERN = re.compile(r"\bextern_kernels\.(\w+)\(")
@@ -115,6 +115,11 @@ def kernel_defs(code: str) -> list[KernelDef]:
         raise TypeError(f"code must be a str (Inductor output code), got {type(code).__name__}")
     return [KernelDef(m["name"], "triton" if m["kind"] == "triton" else "cpp", kernel_ops(m["name"]))
             for m in _DEF.finditer(code)]
+
+
+def read_kernels(code: str) -> tuple[list[tuple[str, tuple[str, ...]]], list[str]]:
+    """``([(kernel name, ATen ops it fused)], [library calls])`` of one output-code module, in order."""
+    return [(k.name, k.ops) for k in kernel_defs(code)], extern_calls(code)
 
 
 def kernel_source(code: str, name: str) -> str:
