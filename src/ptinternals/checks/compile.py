@@ -189,7 +189,8 @@ class PredictGraphs(CompileExercise):
     def hidden_cases(self):
         fixed = [[], ["print"], ["graph_break", "print"], ["op", "print", "print", "op"], ["branch"],
                  ["helper"], ["helper", "helper", "op"], ["op", "helper", "helper"], ["no_grad", "item", "branch"],
-                 ["item", "item"], ["print", "helper", "print"], ["op", "no_grad", "graph_break"]]
+                 ["item", "item"], ["print", "helper", "print"], ["op", "no_grad", "graph_break"],
+                 ["op", "print", "op", "print", "helper"]]                # two graphs before the helper's two
         drawn = draw(_statements(0, 8), 14)
         return [Case((s,), label=_program_label(s)) for s in fixed + drawn]
 
@@ -304,6 +305,17 @@ class PredictCompiles(CompileExercise):
             ("past the recompile limit", [c((4,), dtype=d, flag=fl, requires_grad=r) for d in ("float32", "float64")
                                           for fl in (True, False) for r in (False, True)] + [c((4,), n=9), c((4,))]),
             ("n changes, then sizes", [c((4,), n=0), c((4,), n=1), c((4,), n=5), c((6,), n=5)]),
+            ("a transposed (2, 3), then dynamic", [c((2, 3), transposed=True), c((4, 5), transposed=True),
+                                                   c((6, 7), transposed=True), c((6, 7))]),
+            ("a size 1 kept while the others change", [c((2, 1, 2)), c((3, 1, 3)), c((4, 1, 5))]),
+            ("a size 0 kept while the others change", [c((2, 0, 2)), c((3, 0, 3)), c((4, 0, 5))]),
+            ("a dynamic dim, then size 2", [c((4,)), c((5,)), c((2,))]),
+            ("n goes down", [c((4,), n=3), c((4,), n=1), c((4,), n=0)]),
+            ("the rank goes down", [c((2, 3)), c((2,)), c((7,))]),
+            ("a size goes down", [c((5,)), c((4,)), c((6,))]),
+            ("a dim changes back to the first call's", [c((2, 3)), c((2, 4)), c((5, 3)), c((6, 7))]),
+            ("a size change, then n", [c((4,)), c((5,)), c((5,), n=3)]),
+            ("n dynamic, then sizes with the first n", [c((4,), n=1), c((4,), n=2), c((5,), n=1), c((6,), n=3)]),
         ]
         drawn = draw(st.lists(call_specs(), min_size=1, max_size=12), 10)
         return ([Case((_calls(*specs),), label=label) for label, specs in fixed]
@@ -432,7 +444,10 @@ class FuseAddGelu(CompileExercise):
             ("the match is not an output", ((("add_bias", 0, 0), ("gelu", 1, 1), ("relu", 2, 2)), (3,))),
             ("a gelu used twice", ((("add_bias", 0, 0), ("gelu", 1, 1), ("add", 2, 2)), (3, 2))),
             ("a + a, then the pattern", ((("add_self", 0, 0), ("gelu", 1, 1), ("gelu_bias", 2, 2)), (3,))),
-            ("the add read by the gelu and by sin", ((("add_bias", 0, 0), ("gelu", 1, 1), ("sin", 1, 1)), (2, 3)))]
+            ("the add read by the gelu and by sin", ((("add_bias", 0, 0), ("gelu", 1, 1), ("sin", 1, 1)), (2, 3))),
+            ("relu of an add: another function", ((("add_bias", 0, 0), ("relu", 1, 1)), (2,))),
+            ("gelu of a product: another op", ((("mul2", 0, 0), ("gelu", 1, 1)), (2,))),
+            ("gelu of sin, then the pattern", ((("sin", 0, 0), ("gelu", 1, 1), ("gelu_bias", 2, 2)), (3,)))]
         return [Case((spec,), label=label) for label, spec in fixed] + \
                [Case((spec,), label=_fx_label(spec)) for spec in draw(fx_specs(), 24)]
 
@@ -551,6 +566,7 @@ class DeadCode(CompileExercise):
             ("a pure ATen op nobody uses", ((("aten_sin", 0, 0), ("relu", 0, 0)), (2,))),
             ("a dead value feeding an in-place op", ((("exp", 0, 0), ("add_", 1, 1), ("relu", 0, 0)), (3,))),
             ("a dead chain ending in dropout", ((("exp", 0, 0), ("dropout", 1, 1), ("relu", 0, 0)), (3,))),
+            ("a pure method nobody uses: x.sum(-1)", ((("sum", 0, 0), ("sin", 0, 0)), (2,))),
         ]
         return [Case((spec,), label=label) for label, spec in fixed] + \
                [Case((spec,), label=_fx_label(spec)) for spec in draw(fx_specs(FX_STEPS + IMPURE_STEPS, 9), 24)]
