@@ -694,6 +694,7 @@ class MinCut(CompileExercise):
             ("no edges at all", [], "s", "t"),
             ("an edge given twice: the second replaces the first", [("s", "t", 5), ("s", "t", 2)], "s", "t"),
             ("edges both ways", [("s", "a", 2), ("a", "s", 3), ("a", "t", 2), ("t", "a", 1), ("s", "t", 1)], "s", "t"),
+            ("edges both ways, the second one unsaturated", [("s", "a", 1), ("a", "t", 5), ("t", "a", 1)], "s", "t"),
             ("zero capacities", [("s", "a", 0), ("a", "t", 4), ("s", "b", 2), ("b", "t", 0)], "s", "t"),
             ("ties along a chain", [("s", "a", 1), ("a", "b", 1), ("b", "c", 1), ("c", "t", 1)], "s", "t"),
             ("infinite edges around finite ones", [("s", "a", inf), ("a", "b", 3), ("b", "t", inf), ("a", "c", 2),
@@ -895,6 +896,8 @@ KERNEL_PROGRAMS = {
     "log_softmax and mean": (lambda x: torch.log_softmax(x, -1).mean(0), [(6, 10)]),
     "where and clamp": (lambda x: torch.where(x > 0, x, 0.1 * x).clamp(-1, 1), [(5, 7)]),
     "two matmuls": (lambda x, w: (x @ w).relu() @ w.t(), [(4, 8), (8, 8)]),
+    # exp_var_mean: var and mean are ops too, so the fewest pieces (exp, var_mean) must win over three
+    "variance then exp": (lambda x: torch.var_mean(x, -1)[0].exp(), [(4, 8)]),
 }
 
 
