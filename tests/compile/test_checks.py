@@ -284,7 +284,17 @@ def test_inductor_builds_inside_the_sandbox():
     """No check compiles with Inductor in the sandbox, but a student's code may: g++ is there (under
     bubblewrap too), the cache is the job's own folder, and the precompiled header (bigger than the
     sandbox's file-size limit) is off."""
+    import inspect
+
+    import torch._inductor.config as inductor_config
+
     from ptinternals.grading.sandbox import SandboxConfig, cleanup, run_job
+
+    if "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in inspect.getsource(inductor_config):
+        # torch 2.11: the header is always built (no environment switch), and its 120-160 MB exceed the
+        # sandbox's RLIMIT_FSIZE, so g++ fails there: student code cannot use Inductor's C++ in the sandbox
+        pytest.skip("this torch has no TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS: the sandbox cannot build "
+                    "Inductor's precompiled header")
 
     cell = ("import torch\nout = torch.compile(lambda x: (x.sin() * 2).relu())(torch.ones(8))\n"
             "print('INDUCTOR', float(out.sum()))\n")
