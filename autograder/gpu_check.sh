@@ -9,11 +9,12 @@
 #                                       .venv-compat with the GPU machine's torch 2.11 + triton 3.6)
 #
 # Steps, each with its own time budget (a step that overruns is stopped and reported, the rest run;
-# about 9 minutes at most in all, typically less; --budget-scale 0.8 tightens every budget):
+# about 11 minutes at most in all, typically less; --budget-scale 0.8 tightens every budget):
 #   1. doctor     versions, device, isolation
 #   2. tests      every @pytest.mark.gpu test of the package
 #   3. autograde  every chapter's solution notebook graded on the GPU through `ptgrade` (must be full marks)
-#   4. bench      kernels vs torch, AMP speed/memory ratios, allocator replay, capstone throughput
+#   4. bench      kernels vs torch, AMP speed/memory ratios, allocator replay, capstone throughput;
+#                 bench_compile: the capstone compiled vs eager (whole, regional, CUDA graphs), compile seconds
 #   5. allocator  record real allocator traces and check the model reproduces them step by step
 #                 (once as configured by default, once with expandable_segments:True)
 # Results: bench/results/gpu-check-<date>.{json,md} (+ the bench run's own files), copied to $OUT when
@@ -143,9 +144,14 @@ cp -r "$course/autograder/reports" "$work/reports" 2>/dev/null || true
 # ---- 4. benchmarks ----------------------------------------------------------------------------------------
 if [ "$dry_run" = 1 ]; then
   step bench "$(budget 120)" "$py" bench/run.py --device cpu --small --only allocator --out "$work/bench"
+  step bench_compile "$(budget 60)" "$py" -c "import sys; sys.path[:0] = ['bench']; import bench_compile as b; \
+print('bench_compile variants on cuda:', b._variants('cuda'))"
 else
   step bench "$(budget 210)" env PTI_GPT_BENCH_ITERS="${PTI_GPT_BENCH_ITERS:-5000}" \
-    "$py" bench/run.py --device cuda --full --out "$work/bench"
+    "$py" bench/run.py --device cuda --full --skip compile --out "$work/bench"
+  # compiled vs eager for the capstone: four compiles (whole, regional, reduce-overhead), each timed
+  step bench_compile "$(budget 120)" "$py" bench/run.py --device cuda --full --only compile --tag compile \
+    --out "$work/bench"
 fi
 
 # ---- 5. allocator fidelity --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import validate as validate_bench  # noqa: E402
 
 SCHEMA_VERSION = 1
-STEPS = ("doctor", "tests", "autograde", "bench", "allocator", "allocator-expandable")
+STEPS = ("doctor", "tests", "autograde", "bench", "bench_compile", "allocator", "allocator-expandable")
 
 
 def _json(path: Path):
@@ -65,8 +65,15 @@ def collect(work: Path) -> dict:
                                           "device": r["device"], "isolation": r["isolation"],
                                           "failed": [e["id"] for e in r["exercises"] if not e["passed"]]}
     bench = None
-    for path in sorted((work / "bench").glob("*.json")):
-        bench = _json(path)
+    for path in sorted((work / "bench").glob("*.json")):  # one file per bench step: their measurements together
+        part = _json(path)
+        if part is None:
+            continue
+        if bench is None:
+            bench = part
+        else:
+            bench["measurements"] = bench.get("measurements", []) + part.get("measurements", [])
+            bench["suites"] = {**bench.get("suites", {}), **part.get("suites", {})}
     # the recorder's fidelity summaries: default settings, then expandable_segments:True
     allocator = [_json(work / d / "fidelity_summary.json") for d in ("allocator", "allocator-expandable")
                  if (work / d / "fidelity_summary.json").exists()]

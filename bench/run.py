@@ -3,6 +3,7 @@
     python bench/run.py                      # CPU: small sizes, clearly labelled CPU numbers
     python bench/run.py --device cuda        # GPU: real sizes
     python bench/run.py --only kernels amp   # some suites
+    python bench/run.py --skip compile       # all suites but some
     python bench/run.py --check FILE.json    # validate a results file against the schema
 
 Each run measures the device's ceilings once (copy bandwidth; a large bf16 matmul on GPU, fp32 on
@@ -136,9 +137,9 @@ def markdown(results: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def run(device: str, small: bool, only: list[str] | None, out_dir: Path) -> dict:
+def run(device: str, small: bool, only: list[str] | None, out_dir: Path, skip: list[str] | None = None) -> dict:
     suites = discover()
-    unknown = sorted(set(only or []) - set(suites))
+    unknown = sorted((set(only or []) | set(skip or [])) - set(suites))
     if unknown:
         raise SystemExit(f"unknown suite(s) {unknown}; available: {sorted(suites)}")
     peaks = measure_peaks(device, small=small)
@@ -148,7 +149,7 @@ def run(device: str, small: bool, only: list[str] | None, out_dir: Path) -> dict
                "peaks": {"bytes_per_s": peaks.bytes_per_s, "flops": peaks.flops, "how": peaks.how},
                "suites": {}, "measurements": []}
     for name, path in suites.items():
-        if only and name not in only:
+        if (only and name not in only) or name in (skip or ()):
             continue
         t0 = time.perf_counter()
         try:
@@ -170,6 +171,7 @@ def main(argv=None) -> int:
     size.add_argument("--small", action="store_true", help="small sizes (default on CPU)")
     size.add_argument("--full", action="store_true", help="real sizes (default on CUDA)")
     parser.add_argument("--only", nargs="+", metavar="SUITE", help=f"suites to run (from {sorted(discover())})")
+    parser.add_argument("--skip", nargs="+", metavar="SUITE", help="suites not to run (e.g. one a separate step runs)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for the JSON/Markdown results")
     parser.add_argument("--tag", default="", help="extra word in the file names")
     parser.add_argument("--check", type=Path, metavar="FILE", help="validate a results JSON file and exit")
@@ -186,7 +188,7 @@ def main(argv=None) -> int:
 
         os.environ.setdefault("TRITON_INTERPRET", "1")
     small = args.small or (device == "cpu" and not args.full)
-    results = run(device, small, args.only, args.out)
+    results = run(device, small, args.only, args.out, args.skip)
     problems = validate(results)
     if problems:
         print("results do not match the schema:\n  " + "\n  ".join(problems), file=sys.stderr)

@@ -1114,7 +1114,8 @@ print(triton_kernel_source(code, names[0]) if names else code[:3000])
 #   that autograd, FakeTensor and `torch.compile` understand; `opcheck` proves it.
 # * The roofline says which number to chase: GB/s left of the ridge, TFLOP/s right of it.
 #
-# Next: {{chapter gpt}} puts the pieces together in a small GPT.
+# Next: {{chapter compile}} shows how `torch.compile` writes kernels like these for you (and what it
+# fuses), and {{chapter gpt}} puts the pieces together in a small GPT.
 #
 # ### Your quiz score so far
 # The grader counts your first answer to each question (recorded in `kernels.answers.json`).

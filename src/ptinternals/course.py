@@ -23,6 +23,7 @@ CHAPTERS: tuple[tuple[str, str], ...] = (
     ("amp", "Mixed precision (AMP)"),
     ("distributed", "Data parallelism: DDP and FSDP"),
     ("kernels", "Triton kernels"),
+    ("compile", "`torch.compile` from the inside"),
     ("gpt", "The capstone: a mini-GPT from your own parts"),
 )
 

@@ -109,3 +109,15 @@ def test_concurrent_grading_against_postgres_killed_and_rerun(tmp_path_factory, 
     assert rerun.returncode == 0, out
     assert exported(root, postgres) == EXPECTED
     assert not (root / "autograder" / "gradebook.db").exists()  # everything went to PostgreSQL
+
+
+def test_only_gradebook_hiccups_are_retried():
+    from ptinternals.grading.classroom import _transient_db_error
+
+    for log in ("sqlite3.OperationalError: database is locked",
+                "psycopg2.errors.DeadlockDetected: deadlock detected",
+                "could not serialize access due to concurrent update",
+                "There was an error accessing the nbgrader database. This may occur if you recently upgraded"):
+        assert _transient_db_error(log), log
+    for log in ("", "NameError: name 'x' is not defined", "the cell is_contiguous_tests is locked and was edited"):
+        assert not _transient_db_error(log), log

@@ -152,9 +152,9 @@ def _grade_one(assignment: str, student: str) -> dict:
         if result.get("success"):
             break
         last_error = (result.get("error") or "") + (result.get("log") or "")
-        if "locked" not in last_error and "could not serialize" not in last_error.lower():
+        if not _transient_db_error(last_error):
             break
-        time.sleep(0.5 * (attempt + 1))  # a busy SQLite gradebook: retry
+        time.sleep(0.5 * (attempt + 1))  # a busy gradebook: retry (autograde with force=True is idempotent)
     pending = course.report_path(student, assignment, pending=True)
     if not result.get("success"):
         out["error"] = last_error[-2000:] or "nbgrader could not autograde this submission"
@@ -172,6 +172,18 @@ def _grade_one(assignment: str, student: str) -> dict:
     out.update(success=True, score=report.get("score"), max_score=report.get("max_score"),
                seconds=round(time.perf_counter() - t0, 2))
     return out
+
+
+# What a gradebook shared by concurrent graders answers now and then: SQLite's lock, PostgreSQL's
+# serialization failures and deadlocks, and the OperationalError nbgrader reports as "an error accessing the
+# nbgrader database" (seen from a Slurm array task under load). None of them is about the submission.
+_TRANSIENT_DB = ("database is locked", "could not serialize", "deadlock detected",
+                 "error accessing the nbgrader database", "sqlalchemy.exc.operationalerror")
+
+
+def _transient_db_error(log: str) -> bool:
+    text = log.lower()
+    return any(marker in text for marker in _TRANSIENT_DB)
 
 
 def _record_failure(course: Course, assignment: str, out: dict, t0: float) -> dict:

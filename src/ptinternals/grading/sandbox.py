@@ -258,6 +258,8 @@ def _run_leased(job, input_arrays, config, mode, root, job_dir, out_dir, site_di
            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "MPLCONFIGDIR": home,
            "OMP_NUM_THREADS": str(limits.threads), "MKL_NUM_THREADS": str(limits.threads),
            "TRITON_CACHE_DIR": home + "/triton", "TORCHINDUCTOR_CACHE_DIR": home + "/inductor",
+           # Inductor's precompiled header (120-160 MB) would exceed RLIMIT_FSIZE: build kernels without it
+           "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
            "PTINTERNALS_DEVICE": config.device}
     if config.device == "cuda":
         for key in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES"):
