@@ -75,7 +75,7 @@ from functorch.compile import min_cut_rematerialization_partition
 def choose_saved(joint, num_fwd_outputs):
     fw, bw = min_cut_rematerialization_partition(joint, [], num_fwd_outputs=num_fwd_outputs)
     return [n.name for n in list(fw.graph.nodes)[-1].args[0][num_fwd_outputs:]]
-""", "min_cut_rematerialization_partition"),
+""", "functorch.compile"),
     "networkx": ("min_cut", """
 import networkx as nx
 def min_cut(edges, source, sink):
@@ -127,7 +127,7 @@ def eliminate_dead_code(gm):
     "a helper in another cell": ("fuse_add_gelu", """
 def fuse_add_gelu(gm, fused_op):
     return my_helper(gm, fused_op)
-""", "replace_pattern"),
+""", "subgraph_rewriter"),
     "the module path as a string": ("fuse_add_gelu", """
 def fuse_add_gelu(gm, fused_op):
     name = "torch.fx.subgraph_rewriter"

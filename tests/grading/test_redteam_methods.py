@@ -226,6 +226,60 @@ CALLS_THE_OPERATION = {
         import torch.nn as nn
         DDP = nn.parallel.DistributedDataParallel
         """),
+    "compile.recording_backend": ("recording_backend_code", """
+        from torch._dynamo.testing import EagerAndRecordGraphs
+        def make_recording_backend():
+            backend = EagerAndRecordGraphs()
+            return backend, backend.graphs
+        """),
+    "compile.predict_graphs": ("predict_graphs_code", """
+        import torch
+        from ptinternals.compile.scaffold import build_program
+        def predict_graphs(statements):
+            out = torch._dynamo.explain(build_program(statements))(torch.ones(3))
+            return out.graph_count, len(out.break_reasons)
+        """),
+    "compile.predict_compiles": ("predict_compiles_code", """
+        import torch
+        def predict_compiles(calls, recompile_limit=8):
+            return torch._dynamo.explain(lambda x: x)(torch.ones(1)).graph_count
+        """),
+    "compile.fuse_add_gelu": ("fuse_add_gelu_code", """
+        import torch
+        import torch.nn.functional as F
+        from torch.fx import subgraph_rewriter
+        def fuse_add_gelu(gm, fused_op):
+            r = torch.fx.Graph()
+            a, b = r.placeholder("a"), r.placeholder("b")
+            r.output(r.call_function(fused_op, (a, b)))
+            return len(subgraph_rewriter.replace_pattern(gm, lambda a, b: F.gelu(a + b), r))
+        """),
+    "compile.dead_code": ("dead_code_code", """
+        def eliminate_dead_code(gm):
+            before = [n.name for n in gm.graph.nodes]
+            gm.graph.eliminate_dead_code()
+            gm.recompile()
+            return [n for n in reversed(before) if n not in {m.name for m in gm.graph.nodes}]
+        """),
+    "compile.min_cut": ("min_cut_code", """
+        import networkx as nx
+        def min_cut(edges, source, sink):
+            g = nx.DiGraph()
+            g.add_edges_from((u, v, {"capacity": c}) for u, v, c in edges)
+            value, (_, side) = nx.minimum_cut(g, source, sink)
+            return value, side
+        """),
+    "compile.choose_saved": ("choose_saved_code", """
+        from functorch.compile import min_cut_rematerialization_partition
+        def choose_saved(joint, num_fwd_outputs):
+            fw, bw = min_cut_rematerialization_partition(joint, [], num_fwd_outputs=num_fwd_outputs)
+            return [n.name for n in list(fw.graph.nodes)[-1].args[0][num_fwd_outputs:]]
+        """),
+    "compile.read_kernels": ("read_kernels_code", """
+        from torch._inductor.utils import run_and_get_code
+        def read_kernels(code):
+            return run_and_get_code
+        """),
 }
 
 # The same operations, hidden from a check that looks for names and imports.
@@ -315,7 +369,8 @@ def sliding_windows(x, size, step):
 def test_every_exercise_with_a_method_check_has_a_bypass_here():
     with_policy = {ex.id for ch in graded_chapters() for ex in ch.exercises if effective_policy(ex) is not None}
     shared = {"amp.amp_speed", "kernels.layer_norm_backward", "kernels.custom_op", "amp.predict_dtypes",
-              "amp.update_scale", "distributed.no_sync"}  # same cell as another entry, or attacked elsewhere
+              "amp.update_scale", "distributed.no_sync",  # same cell as another entry, or attacked elsewhere
+              "compile.compile_blocks"}  # bans no operation: only the hiding rules, attacked in HIDDEN_ORACLES
     missing = with_policy - set(CALLS_THE_OPERATION) - shared
     assert not missing, f"no red-team bypass for {sorted(missing)}"
 

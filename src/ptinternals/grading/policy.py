@@ -438,9 +438,11 @@ def hiding_uses(cells: list[_Cell], allow: set[str], bound: dict[str, str]) -> l
                     imported_name = isinstance(node, ast.ImportFrom) and k > 0  # `from m import NAME`
                     # the course's own modules are named by chapter (ptinternals.compile is not the builtin)
                     course_module = not imported_name and parts[0] == "ptinternals"
+                    # builtins' names matter as imported names (`from m import getattr`), not as parts of a
+                    # module's path (functorch.compile is a module, not the builtin compile)
+                    builtin_names = HIDING_NAMES | LOOKUP_BUILTINS.keys() if imported_name else set()
                     if (not imported_name and parts[0] in HIDING_MODULES) or from_hiding or (not course_module and
-                            any(p in HIDING_ATTRS or p in HIDING_NAMES or p in LOOKUP_BUILTINS or p in MODULE_ATTRS
-                                for p in parts)):
+                            any(p in HIDING_ATTRS or p in builtin_names or p in MODULE_ATTRS for p in parts)):
                         add(cell, node, f"import of {path}")
                     elif any(p.startswith("_") and p not in allow and p != "__future__" for p in parts):
                         add(cell, node, f"import of the private {path}")
