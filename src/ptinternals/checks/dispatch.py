@@ -476,7 +476,9 @@ class FlopCounterExercise(Exercise):
                  (("linear", (0,), 4, 3, True), True), (("linear", (1,), 1, 1, False), True),
                  (("baddbmm", 2, 1, 3, 5), True), (("attention", 1, 2, 1, 5, 8, False), True),
                  (("attention", 2, 3, 7, 11, 12, False), False), (("attention", 1, 1, 6, 6, 4, True), True),
-                 (("conv2d", 2, 4, 6, 9, 3, 2, 2), False), (("conv2d", 1, 2, 4, 5, 1, 1, 1), False)]
+                 (("conv2d", 2, 4, 6, 9, 3, 2, 2), False), (("conv2d", 1, 2, 4, 5, 1, 1, 1), False),
+                 # a batch of 3: 2*b and 2**b agree at b = 1 and b = 2
+                 (("conv2d", 3, 2, 2, 5, 3, 1, 1), False), (("attention", 3, 1, 2, 3, 4, False), True)]
         return [Case((s, b), label=flop_spec_label(s, b)) for s, b in fixed] + draw(flop_cases(), 40)
 
     def expected(self, case):
@@ -693,7 +695,7 @@ def special_weights() -> list[tuple[str, torch.Tensor]]:
     ties = torch.tensor([[127.0, 0.5, 1.5, 2.5, -2.5, -0.5, 3.5, 126.5],
                          [-127.0, 64.5, -64.5, 100.5, 1.0, 0.0, -3.5, 10.5]])
     rows = torch.tensor([[0.0, 0.0, 0.0, 0.0], [3e38, -1e38, 1e37, 2.0], [1.0, -4.0, 2.5, 0.125],
-                         _tiny_row([100, -38, 6, 1], k=10), _tiny_row([-190, 95, 3, 60]),
+                         _tiny_row([100, -38, 6, 1], k=10), _tiny_row([-190, 95, 3, 60]), _tiny_row([190, -95, 3, 60]),
                          [1e-30, -2e-31, 5e-31, 0.0]])
     g = torch.Generator().manual_seed(7)
     wide = torch.randn(3, 257, generator=g) * 1000 + 5000  # a large offset next to a small spread
@@ -1149,6 +1151,9 @@ def _n_params(spec) -> int:
     if kind == "lm":
         vocab, d = a[:2]
         return 2 * vocab * d + 2 * d
+    if kind == "masked":
+        d_in, d_h = a[:2]
+        return d_in * d_h + d_h + d_h + 1
     c_in, c_mid, k = a[:3]
     return 2 * c_in * c_mid * k * k + c_in + c_mid
 
@@ -1209,6 +1214,8 @@ class MemoryEstimateExercise(Exercise):
         "token ids (an int64 input)": lambda c, e: c.args[2] == "int64",
         "cpu rules (no rounding)": lambda c, e: c.args[3] == "cpu",
         "a conv net": lambda c, e: c.args[0][0] == "conv",
+        "a storage one byte past 512 (a 513-element bool mask)": lambda c, e: c.args[3] == "cuda" and (
+            c.args[0][0] == "masked" and c.args[1][0] * c.args[0][2] == 513),
         "a model too big for this machine (the truth runs on meta)": lambda c, e: _n_params(c.args[0]) > BIG,
     }
 
@@ -1219,7 +1226,8 @@ class MemoryEstimateExercise(Exercise):
                  mem_case(("mlp", 1, 127, 2, "float32", False), (3, 1)),    # 127 floats = 508 bytes
                  mem_case(("mlp", 1, 129, 1, "float32", True), (1, 1)),     # 129 floats = 516 bytes
                  mem_case(("mlp", 16, 8, 4, "float32", False), (0, 16)),    # no rows: activations of 0 bytes
-                 mem_case(("mlp", 3, 5, 2, "float64", True), (2, 3), "float64", "cpu")]
+                 mem_case(("mlp", 3, 5, 2, "float64", True), (2, 3), "float64", "cpu"),
+                 mem_case(("masked", 1, 513, "float32"), (1, 1))]  # masked_fill saves a bool mask of 513 bytes
         return edges + draw(mem_cases(), 24) + big
 
     def expected(self, case):

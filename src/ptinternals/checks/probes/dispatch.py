@@ -447,9 +447,17 @@ def check_cpp_op(entry, shape, dtype_name: str, full: bool, values: str = "norma
 # ================================================================================================
 # Exercise dispatch.memory_estimate: a memory estimate with FakeTensorMode
 # ================================================================================================
+class MaskedReLU(nn.Module):
+    """relu written as masked_fill: autograd saves the bool mask, a storage of 1 byte per element."""
+
+    def forward(self, x):
+        return x.masked_fill(x < 0, 0.0)
+
+
 def memory_model(spec) -> nn.Module:
     """``("mlp", d_in, d_hidden, d_out, dtype, freeze_first)``, ``("lm", vocab, d_model, dtype,
-    freeze_embedding)`` or ``("conv", c_in, c_mid, kernel, dtype)``; parameters in ``dtype``."""
+    freeze_embedding)``, ``("conv", c_in, c_mid, kernel, dtype)`` or ``("masked", d_in, d_hidden, dtype)``;
+    parameters in ``dtype``."""
     kind, *a = spec
     if kind == "mlp":
         d_in, d_hidden, d_out, dtype, freeze_first = a
@@ -469,6 +477,10 @@ def memory_model(spec) -> nn.Module:
         f = {"dtype": getattr(torch, dtype)}
         m = nn.Sequential(nn.Conv2d(c_in, c_mid, kernel, padding=kernel // 2, **f), nn.ReLU(),
                           nn.Conv2d(c_mid, c_in, kernel, **f), nn.Flatten())
+    elif kind == "masked":
+        d_in, d_hidden, dtype = a
+        f = {"dtype": getattr(torch, dtype)}
+        m = nn.Sequential(nn.Linear(d_in, d_hidden, **f), MaskedReLU(), nn.Linear(d_hidden, 1, **f))
     else:
         raise ValueError(f"unknown memory model kind {kind!r}")
     return m
@@ -492,4 +504,5 @@ def estimate_memory_probe(entry, spec, input_shape, input_dtype: str, device: st
                                "`with FakeTensorMode():` (a real build of this model could need gigabytes)")
         return memory_model(spec)
 
+    device = "".join(list(device))  # equal to the literal "cuda" but not the same object: compare with ==
     return entry(model_fn, tuple(input_shape), getattr(torch, input_dtype), device)
