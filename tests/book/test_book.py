@@ -31,7 +31,22 @@ def _public_text() -> str:
             if cell.cell_type == "markdown":
                 texts.append(" ".join(cell.source.split()))
     texts += [p.read_text() for p in sorted((ROOT / "src" / "ptinternals").glob("*/scaffold.py"))]
+    texts += [p.read_text() for p in _printed_modules()]
     return "\n".join(texts)
+
+
+def _printed_modules() -> list[Path]:
+    """The course modules defining what a notebook prints with ``inspect.getsource(name)`` (the code an
+    exercise starts from, e.g. the training loop with hidden syncs): shown on purpose."""
+    names = set()
+    for source in sorted((ROOT / "solutions").glob("*.py")):
+        names |= set(re.findall(r"getsource\((\w+)\)", source.read_text()))
+    found = []
+    for path in sorted((ROOT / "src" / "ptinternals").rglob("*.py")):
+        text = path.read_text()
+        if any(re.search(rf"^(?:def|class) {name}\b", text, re.M) for name in names):
+            found.append(path)
+    return found
 
 
 def solution_lines(assignment: str) -> list[str]:

@@ -47,9 +47,10 @@ def test_memory_counts_tmpfs_and_shared_memory(tmp_path):
     code = body("""
         def contiguous_strides(shape):
             for where in ("/tmp", "/dev/shm"):
-                with open(where + "/fill.bin", "wb") as f:
-                    for _ in range(350):
-                        f.write(b"x" * (1 << 20))
+                for part in range(11):  # 352 MiB in files under the per-file limit (RLIMIT_FSIZE, 64 MiB)
+                    with open(where + f"/fill{part}.bin", "wb") as f:
+                        for _ in range(32):
+                            f.write(b"x" * (1 << 20))
             hog = bytearray(200 << 20)
             return (1,) * len(shape)
         """)

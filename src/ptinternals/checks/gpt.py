@@ -673,7 +673,7 @@ class DDPStep(Exercise):
         if problem:
             return problem
         if r0["calls"]["in_no_sync"]:
-            return (f"{r0['calls']['in_no_sync']} collective(s) ran inside no_sync(): accumulate locally there, and "
+            return (f"{r0['calls']['in_no_sync']} gradient all-reduce(s) ran inside no_sync(): accumulate locally there, and "
                     f"communicate once, in the last micro-batch's backward")
         return None
 

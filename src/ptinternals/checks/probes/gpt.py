@@ -5,7 +5,7 @@ embedding, residual MLP blocks with layer norm and dropout, a tied head: no atte
 a solution to anything), and trained for a few steps; the grader compares the trajectory with the
 same model trained with torch's own part, computed in the trusted process from this module. What a
 plain call cannot return is measured here: the ops a function dispatched, whether it runs under
-FakeTensorMode, the bytes saved for backward, collectives launched inside ``no_sync``, wall time.
+FakeTensorMode, the bytes saved for backward, gradient reductions launched inside ``no_sync``, wall time.
 Imports: torch and the standard library only.
 """
 from __future__ import annotations
@@ -270,9 +270,13 @@ def ddp_probe(entry, state0, state1, batches, lr: float = 0.1, timeout_s: float 
             if hasattr(dist, name):
                 originals[name] = getattr(dist, name)
 
-                def counted(*a, _f=originals[name], **k):
+                # inside no_sync only gradient reductions count: torch's DDP may broadcast there too (buffers in
+                # forward; the rebuilt bucket order once, in the first forward after the first backward)
+                reduces = name in ("all_reduce", "reduce_scatter", "all_reduce_coalesced")
+
+                def counted(*a, _f=originals[name], _reduces=reduces, **k):
                     calls["total"] += 1
-                    calls["in_no_sync"] += inside[0]
+                    calls["in_no_sync"] += inside[0] and _reduces
                     return _f(*a, **k)
 
                 setattr(dist, name, counted)
