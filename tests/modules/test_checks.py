@@ -82,16 +82,17 @@ def problem(exercise: str, code: str, others: dict | None = None):
 
 def test_feedback_knows_the_setup_cells_imports():
     """Instant feedback sees only the answer's own cell: it assumes the setup cell's imports, as written."""
-    from ptinternals.checks.modules import SETUP_IMPORTS, _analyse
+    from ptinternals.checks.modules import ALLOWED_IMPORTS, SETUP_IMPORTS
+    from ptinternals.grading.policy_imports import analyse
 
     def graded(source):
-        return {k: v for k, v in _analyse(source, ()).aliases.items() if not v.startswith(("ptinternals.grading",
+        return {k: v for k, v in analyse(source, (), ALLOWED_IMPORTS).aliases.items() if not v.startswith(("ptinternals.grading",
                                                                                              "ptinternals.quiz",
                                                                                              "ptinternals.viz"))}
 
     assert graded(SETUP) == graded(SETUP_IMPORTS)
     message = EX["register"].source_problem({"<cell>": "class Registration(nn.Module):\n    pass\n"})
-    assert message and "torch.nn.Module" in message and "your answer cell" in message
+    assert message and "torch.nn.Module" in message and "answer cell <cell>" in message
 
 
 def test_every_solution_cell_passes_the_policy():
@@ -128,7 +129,7 @@ CHEATS = [
     ("call", "from torch.utils.hooks import BackwardHook\nclass Calling:\n    pass\n", "torch.utils.hooks"),
     ("call", "import torch\nclass Calling:\n    def __call__(self, *a):\n        with torch.overrides.TorchFunctionMode():"
              "\n            return self.forward(*a)\n", "torch.overrides"),
-    ("hook_order", "import torch\ndef hook_order(tree, r):\n    return []\n", "plain Python"),
+    ("hook_order", "import torch\ndef hook_order(tree, r):\n    return []\n", "written without torch"),
     ("functional_call", "from torch.func import functional_call\n", "torch.func"),
     ("functional_call", "import torch\ndef functional_call(m, p, args=(), kwargs=None, **kw):\n"
                         "    return torch.nn.utils.stateless.functional_call(m, p, args)\n", "stateless"),
