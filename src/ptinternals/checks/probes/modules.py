@@ -124,20 +124,26 @@ def snapshot(module) -> dict:
             "plain": plain}
 
 
-def apply_op(module, base: type, op, k: int):
+def op_call(module, base: type, op, k: int):
+    """The attribute operation ``op = (what, name, value kind, persistent)`` on ``module``, as a function of
+    no arguments (its value is the operation's; the value to assign is made now, from seed ``k``)."""
     what, name, kind, persistent = op
     value = make_value(kind, base, k)
     if what == "setattr":
-        return outcome(lambda: setattr(module, name, value))
+        return lambda: setattr(module, name, value)
     if what == "register_buffer":
-        return outcome(lambda: module.register_buffer(name, value, persistent=persistent))
+        return lambda: module.register_buffer(name, value, persistent=persistent)
     if what == "register_parameter":
-        return outcome(lambda: module.register_parameter(name, value))
+        return lambda: module.register_parameter(name, value)
     if what == "add_module":
-        return outcome(lambda: module.add_module(name, value))
+        return lambda: module.add_module(name, value)
     if what == "delattr":
-        return outcome(lambda: delattr(module, name))
-    return outcome(lambda: describe(getattr(module, name)))
+        return lambda: delattr(module, name)
+    return lambda: describe(getattr(module, name))
+
+
+def apply_op(module, base: type, op, k: int):
+    return outcome(op_call(module, base, op, k))
 
 
 def register_run(base: type, ops: list, early: str | None = None) -> list:
