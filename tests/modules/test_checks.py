@@ -7,15 +7,12 @@ answer can pass by using torch's implementation of what it asks for.
 """
 from __future__ import annotations
 
-import copy
-
-import nbformat
 import pytest
 import torch
 
 from ptinternals.checks import modules as M
 from ptinternals.checks.probes import modules as P
-from ptinternals.grading.testing import ROOT, answer_sources
+from ptinternals.grading.testing import answer_sources, notebook_with
 from ptinternals.modules import validate_spec
 
 EX = {ex.local_id: ex for ex in M.EXERCISES}
@@ -191,14 +188,9 @@ def test_trusted_grade_refuses_torch_implementations(tmp_path):
     from ptinternals.grading.sandbox import SandboxConfig
     from ptinternals.grading.trusted import grade_notebook
 
-    nb = nbformat.read(ROOT / "solutions" / "modules" / "modules.ipynb", as_version=4)
-    nb = copy.deepcopy(nb)
     cheats = {"traverse_code": "import torch\nclass Traversal(torch.nn.Module):\n    pass\n",
               "functional_call_code": "from torch.func import functional_call\n"}
-    for cell in nb.cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if gid in cheats:
-            cell.source = cheats[gid]
+    nb = notebook_with("modules", cheats)
     report = grade_notebook(nb, load_chapter("modules"), tmp_path, SandboxConfig())
     by_id = {e.id: e for e in report.exercises}
     for ex_id in ("modules.traverse", "modules.functional_call"):
