@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import gc
 
+from ptinternals.checks.probes.calls import recording_torch_calls
+
 
 def _reraise_if_stub(e: BaseException) -> None:
     """A stub's NotImplementedError must reach the harness, which reports "not implemented yet"."""
@@ -65,19 +67,6 @@ def _no_autograd_calls(why: str):
                     (torch.func, "vjp", why), (torch.autograd.functional, "vjp", why)])
 
 
-@contextlib.contextmanager
-def _recording_torch_calls(calls: set):
-    from torch.overrides import TorchFunctionMode
-
-    class Recorder(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            calls.add(getattr(func, "__name__", str(func)))
-            return func(*args, **(kwargs or {}))
-
-    with Recorder():
-        yield
-
-
 def _to_variable(x):
     import torch
 
@@ -104,7 +93,7 @@ def _from_variable(x):
 def unbroadcast_probe(entry, grad, shape):
     """``entry(grad, shape)`` on a tensor (recording torch calls), then on a scaffold Variable."""
     calls: set = set()
-    with _recording_torch_calls(calls):
+    with recording_torch_calls(calls):
         out = entry(grad, shape)
     try:
         as_variable = _from_variable(entry(_to_variable(grad), shape))
@@ -354,7 +343,7 @@ def function_probe(entry, inputs, params, grad_out, grad_grad, double=True, bann
         raise TypeError(f"expected a subclass of torch.autograd.Function, got {entry!r:.80}")
     leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
     calls: set = set()
-    with _recording_torch_calls(calls):
+    with recording_torch_calls(calls):
         out, saved_bytes, saved = saved_log(lambda *xs: entry.apply(*xs, *params), *leaves)
     result = {"out": out.detach() if isinstance(out, torch.Tensor) else out, "saved_bytes": saved_bytes,
               "saved": saved, "banned_calls": sorted(c for c in calls if c in banned)}
