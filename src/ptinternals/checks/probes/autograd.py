@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import gc
 
-from ptinternals.checks.probes.calls import recording_torch_calls
+from ptinternals.checks.probes.calls import banned, recording_torch_calls
 
 
 def _reraise_if_stub(e: BaseException) -> None:
@@ -37,33 +37,12 @@ def _raised(e: BaseException):
 # ================================================================================================
 # Calls a solution may not make
 # ================================================================================================
-class _Banned(RuntimeError):
-    pass
-
-
-@contextlib.contextmanager
-def _banned(names_and_why):
-    """Replace module attributes (``(module, attr, why)``) by functions that raise, for a while."""
-    saved = []
-    for module, attr, why in names_and_why:
-        def stub(*args, _why=why, _name=f"{module.__name__}.{attr}", **kwargs):
-            raise _Banned(f"{_name} is not available in this exercise: {_why}")
-
-        saved.append((module, attr, getattr(module, attr)))
-        setattr(module, attr, stub)
-    try:
-        yield
-    finally:
-        for module, attr, value in reversed(saved):
-            setattr(module, attr, value)
-
-
 def _no_autograd_calls(why: str):
     import torch
     import torch.autograd.functional
     import torch.func
 
-    return _banned([(torch.autograd, "grad", why), (torch.autograd, "backward", why), (torch.Tensor, "backward", why),
+    return banned([(torch.autograd, "grad", why), (torch.autograd, "backward", why), (torch.Tensor, "backward", why),
                     (torch.func, "vjp", why), (torch.autograd.functional, "vjp", why)])
 
 
@@ -510,7 +489,7 @@ def checkpoint_probe(entry, x, weights, biases, dropout_p, seed, grad_out, froze
     import torch.utils.checkpoint as tuc
 
     why = "build checkpointing yourself (a torch.autograd.Function or saved_tensors_hooks)"
-    with _banned([(tuc, "checkpoint", why), (tuc, "checkpoint_sequential", why)]):
+    with banned([(tuc, "checkpoint", why), (tuc, "checkpoint_sequential", why)]):
         return run_block(lambda block, xl: entry(block, xl), x, weights, biases, dropout_p, seed, grad_out,
                          collect_above=x.numel() * x.element_size(), frozen=frozen, shared=shared)
 

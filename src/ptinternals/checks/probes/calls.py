@@ -31,3 +31,33 @@ def record_torch_calls(entry, *args, **kwargs):
     with recording_torch_calls(calls):
         out = entry(*args, **kwargs)
     return {"out": out, "calls": sorted(calls)}
+
+
+class Banned(RuntimeError):
+    """Raised by a function :func:`banned` replaced."""
+
+
+@contextlib.contextmanager
+def banned(targets, why: str = "it is the operation you are asked to write"):
+    """Replace ``(owner, attribute)`` or ``(owner, attribute, why)`` pairs (a module or class and the name of
+    a function on it; missing ones are skipped) by functions that raise :class:`Banned`, for the block.
+
+    A second line only: the grade relies on the trusted side's check of the answer cells' source.
+    """
+    saved = []
+    for owner, attr, *reason in targets:
+        if not hasattr(owner, attr):
+            continue
+
+        message = f"{getattr(owner, '__name__', owner)}.{attr} is not available in this exercise: {(reason or [why])[0]}"
+
+        def stub(*args, _message=message, **kwargs):
+            raise Banned(_message)
+
+        saved.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, stub)
+    try:
+        yield
+    finally:
+        for owner, attr, value in reversed(saved):
+            setattr(owner, attr, value)

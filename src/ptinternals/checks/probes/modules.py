@@ -19,6 +19,7 @@ from collections import OrderedDict
 
 import torch
 
+from ptinternals.checks.probes.calls import banned
 from ptinternals.modules.scaffold import BrokenNet, build_tree, compose
 
 
@@ -521,35 +522,6 @@ def call_probe(Calling, spec, scenario, plan=(), x_requires_grad=True, grad_mode
 # ================================================================================================
 # modules.functional_call (real torch modules on both sides)
 # ================================================================================================
-class Banned(RuntimeError):
-    pass
-
-
-@contextlib.contextmanager
-def banned(targets):
-    """Replace ``(owner, attribute)`` pairs by functions that raise, for the duration of the student's call.
-
-    A second line only: the grade relies on the trusted side's check of the answer cell's source.
-    """
-    saved = []
-    for owner, attr in targets:
-        if not hasattr(owner, attr):
-            continue
-
-        name = f"{getattr(owner, '__name__', owner)}.{attr}"
-
-        def stub(*args, _name=name, **kwargs):
-            raise Banned(f"{_name} is not available in this exercise: it is the operation you are asked to write")
-
-        saved.append((owner, attr, getattr(owner, attr)))
-        setattr(owner, attr, stub)
-    try:
-        yield
-    finally:
-        for owner, attr, value in reversed(saved):
-            setattr(owner, attr, value)
-
-
 def _functional_banned():
     import torch.func
     import torch.nn.utils.stateless as stateless
