@@ -19,6 +19,14 @@ measurement taken while the code runs can always be forged by that code (it shar
    plain-class ones, and monkeypatching (assigning an attribute of an imported module, or any
    attribute named like one of torch's functions).
 
+3. Closed imports (:attr:`Policy.imports`, judged in :mod:`.policy_imports`): answer cells import only
+   the listed modules, and what they reach through them is resolved to the objects themselves and judged
+   by home module (:attr:`Policy.deny_modules`, ``deny_modules_anywhere``) and base class
+   (:attr:`Policy.deny_subclasses_of`), so no alias reaches a banned class (``from torch.nn import
+   Module as Base``). Such a policy brings its own hiding rules in place of (2) (``getattr`` with a
+   literal name and ``object.__setattr__`` stay allowed; ``Chapter.policy_allow`` is not needed); the
+   name rules of (1), ``no_modules`` and the loop rules still apply, on the exercise's cells.
+
 A violation fails the exercise (category ``forbidden``) with the construct, cell and line. Only
 exercises with a :class:`Policy` (or a ``forbid`` module that cannot be made absent, such as
 ``struct``) are checked; ``ptgrade validate`` runs the same check for students before they submit.
@@ -587,7 +595,7 @@ def describe_violations(ex, violations: list[Violation], limit: int = 5, chapter
     lines += [f"  - {v}" for v in violations[:limit]]
     if len(violations) > limit:
         lines.append(f"  - ... and {len(violations) - limit} more")
-    if policy is not None and policy.why:
+    if policy is not None and policy.why and not chapter_wide:
         lines.append(f"  {policy.why}")
     if chapter_wide:
         lines.append("  every answer cell is checked for this, because such code could change how any exercise is "

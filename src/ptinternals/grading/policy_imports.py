@@ -279,7 +279,6 @@ def _judge(policy, dotted: str, as_value: bool, own: bool) -> str | None:
     cell (``own`` False), or also under the exercise's own (``own`` True: the cells its answer relies on)."""
     imports = policy.imports
     root = dotted.split(".")[0]
-    why = f": {policy.why}" if own and policy.why else ""
     if own and root in policy.no_modules:
         return f"`{dotted}`: this exercise is written without {' or '.join(policy.no_modules)}"
     if not _within(dotted, imports):
@@ -298,9 +297,9 @@ def _judge(policy, dotted: str, as_value: bool, own: bool) -> str | None:
         elif id(obj) not in allowed:
             home = _home(obj)
             if any(home == m or home.startswith(m + ".") for m in deny):
-                return f"`{prefix}` (from {home}) is not allowed here{why}"
+                return f"`{prefix}` (from {home}) is not allowed here"
             if isinstance(obj, type) and deny_classes and issubclass(obj, deny_classes):
-                return f"`{prefix}` is a {deny_classes[0].__name__} subclass, not allowed here{why}"
+                return f"`{prefix}` is a {deny_classes[0].__name__} subclass, not allowed here"
         previous = obj
     if as_value and steps and steps[-1][0] == dotted and isinstance(steps[-1][1], types.ModuleType):
         return f"the module `{dotted}` used as a value: write `{dotted}.<name>` where you need a name from it"
