@@ -50,19 +50,13 @@ def test_hidden_cases_are_deterministic_and_awkward():
 @pytest.mark.slow
 def test_trusted_grading_of_a_submission(tmp_path):
     """The whole notebook through the sandbox: right answers score, two known bugs score 0 with a hint."""
-    import copy
-
     from ptinternals.grading.sandbox import SandboxConfig, bwrap_works
-    from ptinternals.grading.testing import solution_notebook
+    from ptinternals.grading.testing import notebook_with
     from ptinternals.grading.trusted import grade_notebook
 
     bugs = {"flop_counter_code": BUGGY["dispatch.flop_counter"]["forgets_backward"],
             "custom_op_code": BUGGY["dispatch.custom_op"]["fake_wrong_dtype"]}
-    nb = copy.deepcopy(solution_notebook(CHAPTER.assignment))
-    for cell in nb.cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if gid in bugs:
-            cell.source = bugs[gid][0]
+    nb = notebook_with(CHAPTER.assignment, {gid: source for gid, (source, _) in bugs.items()})
     isolation = "bwrap" if bwrap_works("cpu")[0] else "process"
     report = grade_notebook(nb, CHAPTER, tmp_path, SandboxConfig(isolation=isolation))
     results = {r.grade_id: r for r in report.exercises}

@@ -15,20 +15,6 @@ def solution():
     return namespace_with(CHAPTER.assignment)
 
 
-def rejects(exercise_id: str, source: str) -> CheckFailure | None:
-    """Like ``grading.testing.rejects``, visible cases first: a bug the visible cases catch fails the
-    hidden run too, with the same simplest (visible) failing case in its message."""
-    ex = CHAPTER.exercise(exercise_id)
-    ns = namespace_with(CHAPTER.assignment)
-    exec(compile(source, f"<buggy {exercise_id}>", "exec"), ns)
-    for hidden in (False, True):
-        try:
-            check(exercise_id, ns[ex.entry], hidden=hidden)
-        except CheckFailure as failure:
-            return failure
-    return None
-
-
 def test_training_run_solution_passes_visible(solution, capsys):
     assert check("gpt.train_gpt", solution["train_gpt"]) is None
     assert "passed" in capsys.readouterr().out

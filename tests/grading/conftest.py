@@ -1,5 +1,4 @@
 """Fixtures for grading tests: submissions built from the strides chapter's solution notebook."""
-import copy
 import os
 import shutil
 import socket
@@ -9,25 +8,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ptinternals.grading.testing import ROOT, solution_notebook
+from ptinternals.grading.testing import ROOT, notebook_with
 
 
 def submission(replace: dict | None = None, delete: tuple = (), student_version: bool = False):
-    """The the strides chapter notebook with some answer cells replaced (by grade_id) or deleted."""
-    if student_version:
-        nb = nbformat.read(ROOT / "notebooks" / "strides" / "strides.ipynb", as_version=4)
-    else:
-        nb = copy.deepcopy(solution_notebook("strides"))
-    cells = []
-    for cell in nb.cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if gid in delete:
-            continue
-        if gid in (replace or {}):
-            cell.source = replace[gid]
-        cells.append(cell)
-    nb.cells = cells
-    return nb
+    """The strides chapter notebook with some answer cells replaced (by grade_id) or deleted."""
+    return notebook_with("strides", replace, delete, student=student_version)
 
 
 def make_course(root: Path) -> Path:

@@ -1,16 +1,14 @@
 """Shared pieces of the red-team suite: hostile notebooks of any chapter, graded through the trusted boundary
 under the isolation the docs recommend, and the victim graded right after a harmful one."""
-import copy
 import os
 import textwrap
 import time
 
-import nbformat
 import pytest
 
 from ptinternals.grading.exercise import load_chapter
 from ptinternals.grading.sandbox import Limits, SandboxConfig, bwrap_works
-from ptinternals.grading.testing import ROOT, solution_notebook
+from ptinternals.grading.testing import ROOT, notebook_with
 from ptinternals.grading.trusted import grade_notebook
 
 ISOLATION = "bwrap" if bwrap_works("cpu")[0] else "process"
@@ -23,26 +21,11 @@ def body(code: str) -> str:
     return textwrap.dedent(code).strip() + "\n"
 
 
-def notebook(chapter: str, replace: dict | None = None, delete: tuple = ()):
-    """The chapter's solution notebook with some answer cells replaced (by grade_id) or deleted."""
-    nb = copy.deepcopy(solution_notebook(chapter))
-    cells = []
-    for cell in nb.cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if gid in delete:
-            continue
-        if gid in (replace or {}):
-            cell.source = replace[gid]
-        cells.append(cell)
-    nb.cells = cells
-    return nbformat.from_dict(nb)
-
-
 def grade(chapter: str, replace: dict, only, tmp=".", memory_mb: int = 1536, **config):
     """Grade a hostile notebook: ({exercise id: ExerciseResult}, report, seconds)."""
     t0 = time.perf_counter()
     limits = config.pop("limits", None) or Limits(memory_mb=memory_mb)
-    report = grade_notebook(notebook(chapter, replace), load_chapter(chapter), tmp,
+    report = grade_notebook(notebook_with(chapter, replace), load_chapter(chapter), tmp,
                             SandboxConfig(isolation=config.pop("isolation", ISOLATION), limits=limits, **config),
                             only=set(only), cell_timeout_s=config.pop("cell_timeout_s", 8))
     return {e.id: e for e in report.exercises}, report, time.perf_counter() - t0

@@ -3,8 +3,8 @@ import textwrap
 
 import pytest
 
-from ptinternals.grading.exercise import graded_chapters, load_chapter
-from ptinternals.grading.policy import check_policy, effective_policy
+from ptinternals.grading.exercise import Exercise, graded_chapters, load_chapter
+from ptinternals.grading.policy import Policy, check_policy, effective_policy
 from ptinternals.grading.testing import answer_sources
 
 STRIDES = load_chapter("strides")
@@ -142,3 +142,66 @@ def test_an_exercise_whose_entry_lives_in_another_cell_is_checked_there():
     speed = amp.exercise("amp.amp_speed")  # graded on amp_train, defined in amp_train's cell
     code = "import torch\ndef amp_train(*args, **kwargs):\n    with torch.autocast('cpu'):\n        return 0\n"
     assert any(".autocast" in v for v in violations(speed, amp, amp_train_code=code))
+
+
+# ---- closed imports (Policy.imports, grading/policy_imports.py): any chapter may declare them --------------
+class _Closed(Exercise):
+    """A stand-in exercise: ``solve`` in ``solve_code``, which must not reach torch.func or subclass nn.Module."""
+
+    id, entry = "strides.solve", "solve"
+
+    def __init__(self, **policy):
+        self.policy = Policy(**{"imports": ("math", "torch"), "why": "write it yourself",
+                                "setup_imports": "import torch\n", **policy})
+
+
+def closed(ex=None, **sources):
+    ex = ex or _Closed(deny_modules=("torch.func",), deny_subclasses_of=("torch.nn.Module",),
+                       allow_objects=("torch.nn.Linear",), deny_modules_anywhere=("torch.overrides",))
+    return [str(v) for v in check_policy(ex, cells(**sources))]
+
+
+def test_closed_fields_need_imports():
+    with pytest.raises(ValueError, match="deny_modules"):
+        Policy(deny_modules=("torch.func",))
+
+
+@pytest.mark.parametrize("code, named", [
+    ("import os\ndef solve(x):\n    return x\n", "may import only math, torch"),
+    ("from torch.func import vmap as v\ndef solve(x):\n    return v\n", "(from torch.func)"),
+    ("def solve(x):\n    return torch.func.grad\n", "`torch.func.grad` (from torch.func) is not allowed here"),  # the setup imports torch
+    ("from torch.nn import Module as Base\nclass Solve(Base):\n    pass\nsolve = Solve\n", "not allowed here"),
+    ("import torch\nclass Solve(torch.nn.ReLU):\n    pass\nsolve = Solve\n", "a Module subclass"),
+    ("import torch\nns = torch.nn\ndef solve(x):\n    return ns\n", "the module `torch.nn` used as a value"),
+    ("import torch\ndef solve(x):\n    return torch._C\n", "`_C` is private"),
+    ("import torch\ndef solve(x):\n    return torch.nn.functional.torch.func\n", "through another module's attribute"),
+    ("import torch\ntorch.relu = abs\ndef solve(x):\n    return x\n", "monkeypatching"),
+    ("def solve(x):\n    return getattr(x, 'a' + 'b')\n", "computed attribute name"),
+    ("def solve(x):\n    return eval('x')\n", "`eval`"),
+    ("%time 1\nfrom torch.func import grad\ndef solve(x):\n    return grad\n", "torch.func"),  # a magic hides nothing
+])
+def test_closed_imports_resolve_what_an_answer_reaches(code, named):
+    found = closed(solve_code=code)
+    assert any(named in v and "answer cell solve_code, line" in v for v in found), found
+
+
+def test_closed_imports_allow_listed_objects_and_plain_code():
+    ok = "import math\nimport torch\nclass Solve(torch.nn.Linear):\n    pass\ndef solve(x):\n" \
+         "    y = getattr(x, 'shape')\n    return torch.relu(x) * math.pi, y\n"
+    assert closed(solve_code=ok) == []
+
+
+def test_closed_imports_judge_every_cell_and_the_cells_an_answer_uses():
+    assert any("torch.overrides" in v for v in closed(other_code="import torch\nm = torch.overrides.TorchFunctionMode\n",
+                                                      solve_code="def solve(x):\n    return x\n"))
+    helper = "import torch\nBase = torch.nn.Module\n"
+    assert any("other_code" in v for v in closed(other_code=helper, solve_code="class S(Base):\n    pass\nsolve = S\n"))
+    assert closed(other_code=helper, solve_code="def solve(x):\n    return x\n") == []  # unrelated: allowed
+    assert any("binds `solve`" in v for v in closed(other_code="solve = 1\n", solve_code="def solve(x):\n    return x\n"))
+
+
+def test_closed_imports_keep_the_name_rules():
+    ex = _Closed(banned=("unfold",), no_modules=("torch",))
+    found = closed(ex, solve_code="def solve(x):\n    return x.unfold(0, 1, 1)\n")
+    assert any(".unfold" in v for v in found) and closed(ex, solve_code="def solve(x):\n    return x\n") == []
+    assert any("written without torch" in v for v in closed(ex, solve_code="import torch\ndef solve(x):\n    return x\n"))

@@ -280,6 +280,56 @@ CALLS_THE_OPERATION = {
         def read_kernels(code):
             return run_and_get_code
         """),
+    "modules.register": ("register_code", """
+        import torch
+        class Registration(torch.nn.Module):
+            pass
+        """),
+    "modules.traverse": ("traverse_code", """
+        from torch.nn import Module as Base
+        class Traversal:
+            named_modules = Base.named_modules
+            named_parameters = Base.named_parameters
+        """),
+    "modules.convert": ("convert_code", """
+        import torch
+        class Conversion:
+            def to(self, *args, **kwargs):
+                return torch.nn.Module.to(self, *args, **kwargs)
+        """),
+    "modules.state_dict": ("state_dict_code", """
+        from torch.nn.modules.module import Module
+        class StateDict:
+            state_dict = Module.state_dict
+            load_state_dict = Module.load_state_dict
+        """),
+    "modules.call": ("call_code", """
+        import torch
+        class Calling:
+            __call__ = torch.nn.Module.__call__
+        """),
+    "modules.hook_order": ("hook_order_code", """
+        import torch
+        def hook_order(tree, input_requires_grad):
+            return torch.nn.Module  # it would run the tree on real modules and record the hooks
+        """),
+    "modules.functional_call": ("functional_call_code", """
+        from torch.func import functional_call
+        """),
+    "modules.fix_model": ("fix_model_code", """
+        import torch
+        from ptinternals.modules.scaffold import BrokenNet
+        torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: out)
+        class FixedNet(BrokenNet):
+            pass
+        """),
+    "modules.load_checkpoint": ("load_checkpoint_code", """
+        from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+        def load_checkpoint(model, checkpoint):
+            checkpoint = dict(checkpoint)
+            consume_prefix_in_state_dict_if_present(checkpoint, "module.")
+            return model.load_state_dict(checkpoint)
+        """),
 }
 
 # The same operations, hidden from a check that looks for names and imports.

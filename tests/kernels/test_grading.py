@@ -2,14 +2,13 @@
 the CPU), a kernel that kills its process costs only its own exercise, and bank bugs pasted into a
 notebook are graded with the same teaching messages as in the student's kernel."""
 
-import copy
 import time
 
 import nbformat
 import pytest
 
 from ptinternals.grading.sandbox import SandboxConfig, bwrap_works
-from ptinternals.grading.testing import ROOT, solution_notebook
+from ptinternals.grading.testing import ROOT, notebook_with, solution_notebook
 from ptinternals.grading.trusted import grade_notebook
 
 from .buggy import BUGGY
@@ -34,12 +33,7 @@ def grade(nb, tmp_path, only=None):
 
 
 def with_answer(replace: dict) -> nbformat.NotebookNode:
-    nb = copy.deepcopy(solution_notebook(CHAPTER.assignment))
-    for cell in nb.cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if gid in replace:
-            cell.source = replace[gid]
-    return nb
+    return notebook_with(CHAPTER.assignment, replace)
 
 
 def test_the_solution_scores_full_marks_in_the_sandbox(tmp_path):

@@ -10,58 +10,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ptinternals.modules as mini
+from ptinternals.checks.modules import hook_plans as local_plans
+from ptinternals.checks.probes import modules as P
 from ptinternals.modules import MiniModule
 
 from .strategies import both, index_of, outcome, tree_specs
 
-LOCAL_KINDS = ["fpre", "fpre_kw", "fhook", "fhook_kw", "fhook_always", "bpre", "bhook"]
-GLOBAL_KINDS = ["g_fpre", "g_fhook", "g_fhook_kw", "g_bpre", "g_bhook"]
+GLOBAL_KINDS = ["g_fpre", "g_fhook", "g_fhook_kw", "g_bpre", "g_bhook"]  # module-global hooks: tests only
 
 
 def make_hook(kind: str, k: int, modify: bool, events: list, label: dict):
-    """A hook that records ``(kind, node, k)`` and, if ``modify``, changes what it may change."""
-    def note(module):
-        events.append((kind, label.get(id(module), -1), k))
-
-    if kind.endswith("fpre_kw"):
-        def hook(module, args, kwargs):
-            note(module)
-            return ((args[0] * 1.5,), kwargs) if modify else None
-    elif kind.endswith("fpre"):
-        def hook(module, args):
-            note(module)
-            if not modify:
-                return None
-            return args[0] * 1.5 if k % 2 else (args[0] * 1.5,)  # a bare value is wrapped in a tuple
-    elif kind.endswith("fhook_kw"):
-        def hook(module, args, kwargs, output):
-            note(module)
-            return output + 1 if modify else None
-    elif kind.endswith("fhook") or kind.endswith("fhook_always"):
-        def hook(module, args, output):
-            note(module)
-            return output + 1 if modify else None
-    elif kind.endswith("bpre"):
-        def hook(module, grad_output):
-            note(module)
-            return tuple(None if g is None else g * 2 for g in grad_output) if modify else None
-    else:
-        def hook(module, grad_input, grad_output):
-            note(module)
-            return tuple(None if g is None else g * 0.5 for g in grad_input) if modify else None
-    return hook
+    """The probe's hook; a global kind behaves as its local one (``g_fpre`` as ``fpre``)."""
+    return P.make_hook(kind.removeprefix("g_"), k, modify, events, label)
 
 
 def register(world: str, module, kind: str, hook, prepend: bool):
-    if kind in ("fpre", "fpre_kw"):
-        return module.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=kind == "fpre_kw")
-    if kind in ("fhook", "fhook_kw", "fhook_always"):
-        return module.register_forward_hook(hook, prepend=prepend, with_kwargs=kind == "fhook_kw",
-                                            always_call=kind == "fhook_always")
-    if kind == "bpre":
-        return module.register_full_backward_pre_hook(hook, prepend=prepend)
-    if kind == "bhook":
-        return module.register_full_backward_hook(hook, prepend=prepend)
+    if not kind.startswith("g_"):
+        return P.register_hook(module, kind, hook, prepend)
     api = torch_module if world == "torch" else mini
     if kind == "g_fpre":
         return api.register_module_forward_pre_hook(hook)
@@ -74,11 +39,10 @@ def register(world: str, module, kind: str, hook, prepend: bool):
 
 @st.composite
 def hook_plans(draw, n_nodes: int):
-    local = draw(st.lists(st.tuples(st.integers(0, n_nodes - 1), st.sampled_from(LOCAL_KINDS), st.booleans(),
-                                    st.booleans()), max_size=8))
+    """The checker's plans of local hooks, after up to two global ones."""
     glob = draw(st.lists(st.tuples(st.just(0), st.sampled_from(GLOBAL_KINDS), st.just(False), st.booleans()),
                          max_size=2))
-    return glob + local
+    return glob + draw(local_plans(n_nodes))
 
 
 def run_world(world: str, nodes, plan, x_requires_grad: bool, grad_mode: bool):

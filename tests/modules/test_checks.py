@@ -7,15 +7,12 @@ answer can pass by using torch's implementation of what it asks for.
 """
 from __future__ import annotations
 
-import copy
-
-import nbformat
 import pytest
 import torch
 
 from ptinternals.checks import modules as M
 from ptinternals.checks.probes import modules as P
-from ptinternals.grading.testing import ROOT, answer_sources
+from ptinternals.grading.testing import answer_sources, notebook_with
 from ptinternals.modules import validate_spec
 
 EX = {ex.local_id: ex for ex in M.EXERCISES}
@@ -82,16 +79,17 @@ def problem(exercise: str, code: str, others: dict | None = None):
 
 def test_feedback_knows_the_setup_cells_imports():
     """Instant feedback sees only the answer's own cell: it assumes the setup cell's imports, as written."""
-    from ptinternals.checks.modules import SETUP_IMPORTS, _analyse
+    from ptinternals.checks.modules import ALLOWED_IMPORTS, SETUP_IMPORTS
+    from ptinternals.grading.policy_imports import analyse
 
     def graded(source):
-        return {k: v for k, v in _analyse(source, ()).aliases.items() if not v.startswith(("ptinternals.grading",
+        return {k: v for k, v in analyse(source, (), ALLOWED_IMPORTS).aliases.items() if not v.startswith(("ptinternals.grading",
                                                                                              "ptinternals.quiz",
                                                                                              "ptinternals.viz"))}
 
     assert graded(SETUP) == graded(SETUP_IMPORTS)
     message = EX["register"].source_problem({"<cell>": "class Registration(nn.Module):\n    pass\n"})
-    assert message and "torch.nn.Module" in message and "your answer cell" in message
+    assert message and "torch.nn.Module" in message and "answer cell <cell>" in message
 
 
 def test_every_solution_cell_passes_the_policy():
@@ -128,7 +126,7 @@ CHEATS = [
     ("call", "from torch.utils.hooks import BackwardHook\nclass Calling:\n    pass\n", "torch.utils.hooks"),
     ("call", "import torch\nclass Calling:\n    def __call__(self, *a):\n        with torch.overrides.TorchFunctionMode():"
              "\n            return self.forward(*a)\n", "torch.overrides"),
-    ("hook_order", "import torch\ndef hook_order(tree, r):\n    return []\n", "plain Python"),
+    ("hook_order", "import torch\ndef hook_order(tree, r):\n    return []\n", "written without torch"),
     ("functional_call", "from torch.func import functional_call\n", "torch.func"),
     ("functional_call", "import torch\ndef functional_call(m, p, args=(), kwargs=None, **kw):\n"
                         "    return torch.nn.utils.stateless.functional_call(m, p, args)\n", "stateless"),
@@ -190,14 +188,9 @@ def test_trusted_grade_refuses_torch_implementations(tmp_path):
     from ptinternals.grading.sandbox import SandboxConfig
     from ptinternals.grading.trusted import grade_notebook
 
-    nb = nbformat.read(ROOT / "solutions" / "modules" / "modules.ipynb", as_version=4)
-    nb = copy.deepcopy(nb)
     cheats = {"traverse_code": "import torch\nclass Traversal(torch.nn.Module):\n    pass\n",
               "functional_call_code": "from torch.func import functional_call\n"}
-    for cell in nb.cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if gid in cheats:
-            cell.source = cheats[gid]
+    nb = notebook_with("modules", cheats)
     report = grade_notebook(nb, load_chapter("modules"), tmp_path, SandboxConfig())
     by_id = {e.id: e for e in report.exercises}
     for ex_id in ("modules.traverse", "modules.functional_call"):

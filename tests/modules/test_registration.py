@@ -6,69 +6,23 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ptinternals.checks.modules import OP_NAMES, VALUE_KINDS, WHATS
+from ptinternals.checks.probes import modules as P
+from ptinternals.checks.probes.modules import describe
 from ptinternals.modules import MiniModule
 
 from .strategies import outcome
 
-OP_NAMES = ["w", "b", "child", "running", "training", "a.b", "", "forward"]
-VALUE_KINDS = ["parameter", "frozen", "tensor", "buffer", "buffer_np", "module", "none", "int"]
-OPS = st.tuples(st.sampled_from(["setattr", "register_buffer", "register_parameter", "add_module", "delattr",
-                                 "getattr"]),
-                st.sampled_from(OP_NAMES), st.sampled_from(VALUE_KINDS), st.booleans())
-
-
-def make_value(kind: str, world: type, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    if kind == "parameter":
-        return torch.nn.Parameter(torch.randn(2, generator=g))
-    if kind == "frozen":
-        return torch.nn.Parameter(torch.randn(2, generator=g), requires_grad=False)
-    if kind == "tensor":
-        return torch.randn(2, generator=g)
-    if kind == "buffer":
-        return torch.nn.Buffer(torch.randn(2, generator=g))
-    if kind == "buffer_np":
-        return torch.nn.Buffer(torch.randn(2, generator=g), persistent=False)
-    if kind == "module":
-        return type("Child", (world,), {})()
-    if kind == "none":
-        return None
-    return 7
+OPS = st.tuples(st.sampled_from(WHATS), st.sampled_from(OP_NAMES), st.sampled_from(VALUE_KINDS), st.booleans())
 
 
 def apply_op(module, world, op, k):
-    what, name, kind, persistent = op
-    value = make_value(kind, world, k)
-    if what == "setattr":
-        return outcome(lambda: setattr(module, name, value))
-    if what == "register_buffer":
-        return outcome(lambda: module.register_buffer(name, value, persistent=persistent))
-    if what == "register_parameter":
-        return outcome(lambda: module.register_parameter(name, value))
-    if what == "add_module":
-        return outcome(lambda: module.add_module(name, value))
-    if what == "delattr":
-        return outcome(lambda: delattr(module, name))
-    return outcome(lambda: describe(getattr(module, name)))
-
-
-def describe(value):
-    if isinstance(value, torch.Tensor):
-        return (type(value).__name__, value.requires_grad, value.tolist())
-    if value is None or isinstance(value, (int, bool)):
-        return value
-    if callable(value):
-        return "callable"
-    return type(value).__name__
+    """The probe's operation, judged with the error's message too (the probe compares types only)."""
+    return outcome(P.op_call(module, world, op, k))
 
 
 def snapshot(module) -> dict:
-    own = {k: describe(v) for k, v in vars(module).items() if not k.startswith("_") and k != "training"}
-    return {"parameters": {k: describe(v) for k, v in module._parameters.items()},
-            "buffers": {k: describe(v) for k, v in module._buffers.items()},
-            "non_persistent": sorted(module._non_persistent_buffers_set),
-            "modules": {k: describe(v) for k, v in module._modules.items()},
-            "plain": own, "state_dict": list(module.state_dict())}
+    return {**P.snapshot(module), "state_dict": list(module.state_dict())}
 
 
 @given(st.lists(OPS, min_size=1, max_size=12))

@@ -159,13 +159,13 @@ def _spec_label(world_size, spec, extra: str = "") -> str:
 
 
 class _PlainPython(Exercise):
-    """A pure function graded through ``probes.distributed:plain_python``: its result plus the torch
+    """A pure function graded through ``probes.calls:record_torch_calls``: its result plus the torch
     functions it called (none allowed). Unlike ``forbid``, this keeps torch importable, so the whole
     chapter is graded in one sandbox run."""
 
     policy = Policy(no_modules=("torch", "numpy"), why="this is plain Python arithmetic")
 
-    probe = f"{PROBES}:plain_python"
+    probe = "ptinternals.checks.probes.calls:record_torch_calls"
 
     def compare(self, case, got, expected):
         if not isinstance(got, dict) or "out" not in got:

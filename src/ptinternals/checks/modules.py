@@ -14,17 +14,14 @@ boundary trees of :func:`boundary_specs`: size-0 and size-1 tensors, tied parame
 twice in one), frozen and None parameters, non-persistent, None and int64 buffers, a module shared under two
 names and by two parents, empty modules, children named ``"0"``/``"1"``.
 
-How the answers may be written is checked on their source, in this process (:class:`SourcePolicy`, at the
-end of this file): no answer may be passed by calling torch's own implementation of what it asks for.
+How the answers may be written is checked on their source, in the grader's process (each exercise's
+``policy``, a closed-import :class:`~ptinternals.grading.policy.Policy`): no answer may be passed by calling
+torch's own implementation of what it asks for.
 """
 from __future__ import annotations
 
-import ast
-import functools
-import importlib
+import dataclasses
 import math
-import types
-from dataclasses import dataclass, field
 
 import torch
 from hypothesis import strategies as st
@@ -32,6 +29,7 @@ from hypothesis import strategies as st
 from ..grading.cases import cases_from, draw
 from ..grading.compare import describe
 from ..grading.exercise import Case, Chapter, Exercise
+from ..grading.policy import Policy
 from ..modules.hook_order import chain_tree_to_spec
 from ..modules.scaffold import BrokenNet, build_tree, example_spec
 from .probes import modules as P
@@ -251,44 +249,18 @@ def _raised(result) -> bool:
 
 
 # ================================================================================================
-# How the answers may be written: a static check of the answer cells' source, in the trusted process
+# How the answers may be written: a closed-import policy (grading/policy_imports.py), judged on the source
 # ================================================================================================
-# A rule set of its own (an exercise's ``policy``), judged by the grader's trusted hook for static policies
-# (``Exercise.source_problem``) on the notebook's source, like a ``grading.policy.Policy``. Why static: every measurement made
-# in the sandbox runs in the student's own process and can be forged (monkeypatching, a TorchFunctionMode,
-# rebinding the probe's functions); the source of the answer cells cannot, and this process reads it from
-# the submitted notebook. What it enforces:
-#
-# * in every answer cell (a violation costs every exercise: such code could change how any exercise is
-#   measured): no construct that hides a name from this check (eval/exec/compile, __import__, getattr with a
-#   computed name, globals/locals/vars, __builtins__, frame and code attributes, dunders outside a short
-#   list), imports only from ALLOWED_IMPORTS, no `_private` attribute of an imported module, no module used as
-#   a value (only `module.name`), no module reached through another module's attribute (`typing.sys`), no
-#   assignment into anything imported (monkeypatching), no torch.overrides/torch.library;
-# * in the exercise's own answer cell and the cells whose names it uses: nothing the exercise's policy
-#   denies (torch's implementation of the operation it asks for), and the graded name defined only there.
+# Why static: every measurement made in the sandbox runs in the student's own process and can be forged
+# (monkeypatching, a TorchFunctionMode, rebinding the probe's functions); the source of the answer cells cannot,
+# and the grader reads it from the submitted notebook. Every exercise shares CHAPTER_RULES (imports only from
+# ALLOWED_IMPORTS, nothing of torch.overrides/torch.library/torch._C, no global module hooks, none of the
+# constructs that hide a name from the check) and adds what its own answer may not reach: torch's
+# implementation of the operation it asks for.
 SCAFFOLD = "ptinternals.modules.scaffold"
 ALLOWED_IMPORTS = ("__future__", "abc", "bisect", "collections", "contextlib", "copy", "dataclasses", "enum",
                    "functools", "heapq", "itertools", "math", "numbers", "random", "re", "typing", "warnings",
                    "weakref", "torch", SCAFFOLD)
-HIDING_NAMES = {"eval", "exec", "compile", "__import__", "globals", "locals", "vars", "breakpoint", "open", "input",
-                "help", "memoryview", "__builtins__", "__loader__", "__spec__", "exit", "quit"}
-LITERAL_ONLY = {"getattr", "setattr", "delattr"}  # allowed with a literal attribute name, read as `obj.name`
-DUNDERS_OK = {"__init__", "__name__", "__qualname__", "__doc__", "__module__", "__class__", "__dict__", "__call__",
-              "__len__", "__iter__", "__next__", "__repr__", "__str__", "__eq__", "__hash__", "__contains__",
-              "__getitem__", "__setitem__", "__delitem__", "__bool__", "__version__", "__future__"}
-VIA_BASE = {"__setattr__", "__getattr__", "__delattr__"}  # only as super().__x__ or object.__x__
-BANNED_ATTRIBUTES = {
-    "mro", "f_globals", "f_locals", "f_builtins", "f_back", "f_code", "tb_frame", "tb_next", "gi_frame", "gi_code",
-    "cr_frame", "cr_code", "ag_frame", "ag_code", "get_type_hints", "ForwardRef", "_evaluate", "singledispatch",
-    "singledispatchmethod", "register_module_forward_pre_hook", "register_module_forward_hook",
-    "register_module_full_backward_pre_hook", "register_module_full_backward_hook", "register_module_backward_hook",
-    "register_module_buffer_registration_hook", "register_module_module_registration_hook",
-    "register_module_parameter_registration_hook", "set_overwrite_module_params_on_conversion",
-    "set_swap_module_params_on_conversion"}
-CHAPTER_DENIED_MODULES = ("torch.overrides", "torch.library", "torch.utils._python_dispatch", "torch._C")
-
-
 SETUP_IMPORTS = """import warnings
 from collections import OrderedDict
 
@@ -297,366 +269,36 @@ import torch.nn as nn
 
 from ptinternals.modules.scaffold import BrokenNet, ModuleState, build_tree, example_spec
 """  # the graded imports of the notebook's setup cell (tests/modules/test_checks.py keeps them equal)
-
-
-def _allowed_module(name: str) -> bool:
-    return any(name == a or (name.startswith(a + ".") and a != SCAFFOLD) for a in ALLOWED_IMPORTS)
-
-
-def _private(name: str) -> bool:
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
-
-
-def _chain(node) -> tuple[str, list[str]] | None:
-    """``("torch", ["nn", "Module"])`` for ``torch.nn.Module``; None when the chain does not start at a name."""
-    attrs = []
-    while isinstance(node, ast.Attribute):
-        attrs.append(node.attr)
-        node = node.value
-    return (node.id, attrs[::-1]) if isinstance(node, ast.Name) else None
-
-
-def _target_root(node):
-    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
-        node = node.value
-    return node
-
-
-def _targets(node) -> list:
-    if isinstance(node, (ast.Tuple, ast.List)):
-        return [t for elt in node.elts for t in _targets(elt)]
-    if isinstance(node, ast.Starred):
-        return _targets(node.value)
-    return [node]
-
-
-class _Cell:
-    """What one answer cell does, as far as the policy cares: problems found on the spot, paths reached
-    through imports (judged later, per policy), attribute names, imports, top-level bindings, names read."""
-
-    def __init__(self, source: str, aliases: dict[str, str]):
-        self.problems: list[tuple[int, str]] = []
-        self.reached: list[tuple[int, str, bool]] = []  # (line, dotted path, used as a value)
-        self.attributes: list[tuple[int, str]] = []
-        self.imports: list[tuple[int, str]] = []
-        self.binds: dict[str, int] = {}
-        self.loads: set[str] = set()
-        self.aliases = dict(aliases)
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:  # the sandbox cannot run it either: the exercise fails on its own
-            return
-        self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-        nodes = sorted((n for n in ast.walk(tree) if hasattr(n, "lineno")), key=lambda n: (n.lineno, n.col_offset))
-        for node in nodes:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                self._import(node)
-        for node in nodes:  # `P = torch.nn.Parameter`: P is an alias too (for the monkeypatching rule)
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                chain = _chain(node.value)
-                if chain and chain[0] in self.aliases:
-                    self.aliases[node.targets[0].id] = ".".join([self.aliases[chain[0]], *chain[1]])
-        for node in nodes:
-            self._visit(node)
-        self._bindings(tree)
-
-    def _problem(self, node, text: str) -> None:
-        self.problems.append((getattr(node, "lineno", 0), text))
-
-    def _import(self, node) -> None:
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                self.imports.append((node.lineno, a.name))
-                if not _allowed_module(a.name):
-                    self._problem(node, f"`import {a.name}`: graded answers may import only {', '.join(ALLOWED_IMPORTS)}")
-                if any(_private(p) for p in a.name.split(".")):
-                    self._problem(node, f"`import {a.name}`: a private module")
-                self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-            return
-        module = node.module or ""
-        if node.level:
-            self._problem(node, "a relative import")
-            return
-        self.imports.append((node.lineno, module))
-        for a in node.names:
-            full = f"{module}.{a.name}"
-            if a.name == "*":
-                self._problem(node, f"`from {module} import *` hides which names it brings in")
-                continue
-            if not (_allowed_module(module) or _allowed_module(full)):
-                self._problem(node, f"`from {module} import {a.name}`: graded answers may import only "
-                                    f"{', '.join(ALLOWED_IMPORTS)}")
-            if _private(a.name) or any(_private(p) for p in module.split(".")):
-                self._problem(node, f"`from {module} import {a.name}`: a private name")
-            if a.name in BANNED_ATTRIBUTES or a.name in HIDING_NAMES | LITERAL_ONLY:
-                self._problem(node, f"`from {module} import {a.name}`: `{a.name}` is not allowed in graded answers")
-            self.aliases[a.asname or a.name] = full
-            self.reached.append((node.lineno, full, False))
-
-    def _attribute_name(self, node, attr: str, value) -> None:
-        self.attributes.append((node.lineno, attr))
-        if attr.startswith("__") and attr.endswith("__") and attr not in DUNDERS_OK:
-            via_base = isinstance(value, ast.Name) and value.id == "object" or \
-                isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super"
-            if not (attr in VIA_BASE and via_base):
-                self._problem(node, f"the attribute `{attr}` (it can reach objects this check cannot follow)")
-        if attr in BANNED_ATTRIBUTES:
-            self._problem(node, f"the attribute `{attr}`")
-
-    def _visit(self, node) -> None:
-        parent = self.parents.get(node)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            self.loads.add(node.id)
-            if node.id in HIDING_NAMES:
-                self._problem(node, f"`{node.id}` hides what it runs or reads from this check")
-            elif node.id in LITERAL_ONLY and not (isinstance(parent, ast.Call) and parent.func is node):
-                self._problem(node, f"`{node.id}` used as a value")
-            elif node.id in self.aliases and not (isinstance(parent, ast.Attribute) and parent.value is node):
-                self.reached.append((node.lineno, self.aliases[node.id], True))
-        elif isinstance(node, ast.Attribute):
-            self._attribute_name(node, node.attr, node.value)
-            if isinstance(parent, ast.Attribute) and parent.value is node:
-                return  # only the longest chain is judged
-            chain = _chain(node)
-            if chain and chain[0] in self.aliases:
-                root, attrs = chain
-                for attr in attrs:
-                    if _private(attr):
-                        self._problem(node, f"`{root}.{'.'.join(attrs)}`: `{attr}` is private")
-                    if attr == "__dict__":
-                        self._problem(node, f"`{root}.{'.'.join(attrs)}`: the namespace of something imported")
-                self.reached.append((node.lineno, ".".join([self.aliases[root], *attrs]), True))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in LITERAL_ONLY:
-            name = node.args[1] if len(node.args) >= 2 else None
-            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
-                self._problem(node, f"`{node.func.id}` with a computed attribute name hides the name from this check")
-                return
-            self._attribute_name(node, name.value, node.args[0])
-            chain = _chain(node.args[0])
-            if chain and chain[0] in self.aliases:
-                if node.func.id != "getattr":
-                    self._problem(node, f"`{node.func.id}` on `{chain[0]}`, which is imported (monkeypatching)")
-                self.reached.append((node.lineno, ".".join([self.aliases[chain[0]], *chain[1], name.value]), True))
-            elif node.func.id != "getattr" and not isinstance(_target_root(node.args[0]), ast.Name):
-                self._problem(node, f"`{node.func.id}` on a computed object")
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete, ast.For, ast.withitem)):
-            if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, ast.Delete):
-                targets = node.targets
-            elif isinstance(node, ast.withitem):
-                targets = [node.optional_vars] if node.optional_vars is not None else []
-            else:
-                targets = [node.target]
-            for target in (t for group in targets for t in _targets(group)):
-                if not isinstance(target, (ast.Attribute, ast.Subscript)):
-                    continue
-                root = _target_root(target)
-                if isinstance(root, ast.Name) and root.id in self.aliases:
-                    self._problem(target, f"assigns into `{root.id}`, which is imported (monkeypatching)")
-                elif not isinstance(root, ast.Name):
-                    self._problem(target, "assigns an attribute or item of a computed object")
-                if isinstance(target, ast.Attribute) and target.attr == "__class__":
-                    self._problem(target, "assigns `__class__`")
-
-    def _bindings(self, tree) -> None:
-        """Top-level names the cell binds (not inside functions or classes), and ``global`` declarations."""
-        def visit(node, top: bool):
-            if isinstance(node, ast.Global):
-                for name in node.names:
-                    self.binds.setdefault(name, node.lineno)
-            if top:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    self.binds.setdefault(node.name, node.lineno)
-                elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                    for a in node.names:
-                        self.binds.setdefault(a.asname or a.name.split(".")[0], node.lineno)
-                elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-                    self.binds.setdefault(node.id, node.lineno)
-            inner = top and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
-            for child in ast.iter_child_nodes(node):
-                visit(child, inner)
-
-        for stmt in tree.body:
-            visit(stmt, True)
-
-
-@functools.lru_cache(maxsize=256)
-def _analyse(source: str, aliases: tuple) -> _Cell:
-    return _Cell(source, dict(aliases))
-
-
-@functools.lru_cache(maxsize=4096)
-def _resolve(dotted: str) -> tuple:
-    """``((prefix, object), ...)`` along an import path, as far as it resolves (imports allowed roots only)."""
-    if dotted == SCAFFOLD or dotted.startswith(SCAFFOLD + "."):
-        start, obj = SCAFFOLD, importlib.import_module(SCAFFOLD)
-    else:
-        start = dotted.split(".")[0]
-        if not _allowed_module(start):
-            return ()
-        obj = importlib.import_module(start)
-    steps = [(start, obj)]
-    prefix = start
-    for part in dotted[len(start) + 1:].split(".") if dotted != start else []:
-        prefix = f"{prefix}.{part}"
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            if not isinstance(obj, types.ModuleType):
-                break
-            try:
-                obj = importlib.import_module(prefix)
-            except ImportError:
-                break
-        except Exception:  # noqa: BLE001 - a lazy attribute that fails: nothing further to judge
-            break
-        steps.append((prefix, obj))
-    return tuple(steps)
-
-
-def _home(obj) -> str:
-    if isinstance(obj, types.ModuleType):
-        return obj.__name__
-    module = getattr(obj, "__module__", None)
-    return module if isinstance(module, str) else type(obj).__module__
-
-
-@dataclass(frozen=True)
-class SourcePolicy:
-    """What one exercise's answer may not use (beyond the chapter-wide rules above).
-
-    ``deny_modules``: objects whose home module starts with one of these; ``deny_subclasses_of``: classes
-    (dotted paths) whose subclasses are denied; ``allow``: dotted paths allowed all the same;
-    ``deny_attributes``: attribute names denied on any object (methods of objects the answer receives);
-    ``no_torch``: a plain-Python exercise; ``what``: the operation the exercise asks for, for messages.
-    """
-
-    what: str
-    deny_modules: tuple[str, ...] = ()
-    deny_subclasses_of: tuple[str, ...] = ()
-    allow: tuple[str, ...] = ()
-    deny_attributes: tuple[str, ...] = ()
-    no_torch: bool = False
-    _cache: dict = field(default_factory=dict, compare=False, repr=False)
-
-    def judge(self, dotted: str, as_value: bool) -> str | None:
-        """What is wrong with reaching ``dotted`` (through an import), or None."""
-        key = (dotted, as_value)
-        if key not in self._cache:
-            self._cache[key] = self._judge(dotted, as_value)
-        return self._cache[key]
-
-    def _judge(self, dotted: str, as_value: bool) -> str | None:
-        root = dotted.split(".")[0]
-        if self.no_torch and root == "torch":
-            return f"`{dotted}`: this exercise is plain Python (torch is not available to it)"
-        if not _allowed_module(root) and not dotted.startswith(SCAFFOLD):
-            return f"`{dotted.rsplit('.', 1)[-1]}` comes from {dotted.rsplit('.', 1)[0]}, which graded answers may not use"
-        steps = _resolve(dotted)
-        allowed = {id(obj) for path in self.allow for _, obj in _resolve(path)[-1:]}
-        deny_classes = tuple(obj for path in self.deny_subclasses_of for _, obj in _resolve(path)[-1:])
-        previous = None
-        for prefix, obj in steps:
-            if isinstance(obj, types.ModuleType):
-                if isinstance(previous, types.ModuleType) and obj.__name__ != prefix and \
-                        not obj.__name__.startswith(previous.__name__ + "."):
-                    return f"`{prefix}` reaches the module {obj.__name__} through another module's attribute"
-            elif id(obj) not in allowed:
-                home = _home(obj)
-                if any(home == m or home.startswith(m + ".") for m in CHAPTER_DENIED_MODULES + self.deny_modules):
-                    return f"`{prefix}` (from {home}) is not allowed here: {self.what}"
-                if isinstance(obj, type) and deny_classes and issubclass(obj, deny_classes):
-                    return f"`{prefix}` is a {deny_classes[0].__name__} subclass, not allowed here: {self.what}"
-            previous = obj
-        if as_value and steps and steps[-1][0] == dotted and isinstance(steps[-1][1], types.ModuleType):
-            return f"the module `{dotted}` used as a value: write `{dotted}.<name>` where you need a name from it"
-        return None
-
-    def problem(self, ex: Exercise, sources: dict[str, str], own_cell: str | None = None) -> str | None:
-        """The message for what breaks the rules in ``sources`` (``{cell id: source}``; "setup" is the course's
-        locked cell), or None. ``own_cell``: the exercise's answer cell when ``sources`` is the whole notebook
-        (the grade); None when ``sources`` is only the cell that defined the entry (instant feedback)."""
-        # The names the setup cell imports, which answer cells use without importing them (for instant
-        # feedback, where only the answer's own cell is known: the chapter's setup cell as written).
-        setup = _analyse(sources.get("setup", SETUP_IMPORTS), ())
-        # ...except its imports from modules the sandbox does not ship (quiz, figures): they do not exist there
-        aliases = tuple(sorted((k, v) for k, v in setup.aliases.items()
-                               if _allowed_module(v.split(".")[0]) or v.startswith(SCAFFOLD)))
-        cells = {cid: _analyse(src, aliases) for cid, src in sources.items() if cid != "setup"}
-        found = [(cid, line, text) for cid, cell in cells.items() for line, text in cell.problems]
-        found += [(cid, line, text) for cid, cell in cells.items() for line, dotted, as_value in cell.reached
-                  if (text := CHAPTER_POLICY.judge(dotted, as_value))]
-        if found:
-            return _policy_message(ex, found, chapter_wide=own_cell is not None)
-        scope = set(cells) if own_cell is None else self._scope(ex, cells, own_cell, set(setup.binds))
-        if own_cell is not None:
-            found += [(cid, cell.binds[ex.entry], f"binds `{ex.entry}`, the name {ex.name} grades: define it only "
-                                                   f"in that exercise's answer cell")
-                      for cid, cell in cells.items() if cid != own_cell and ex.entry in cell.binds]
-        for cid in sorted(scope):
-            cell = cells[cid]
-            found += [(cid, line, text) for line, dotted, as_value in cell.reached
-                      if (text := self.judge(dotted, as_value))]
-            found += [(cid, line, f"`.{attr}`: {self.what}") for line, attr in cell.attributes
-                      if attr in self.deny_attributes]
-            if self.no_torch:
-                found += [(cid, line, f"`import {name}`: this exercise is plain Python (torch is not available to it)")
-                          for line, name in cell.imports if name.split(".")[0] in ("torch", "numpy")]
-        return _policy_message(ex, found, chapter_wide=False) if found else None
-
-    @staticmethod
-    def _scope(ex, cells: dict, own_cell: str, setup_names: set) -> set:
-        """The exercise's answer cell and, transitively, every answer cell whose top-level names it reads."""
-        if own_cell not in cells:
-            return set()
-        scope, todo = {own_cell}, [own_cell]
-        while todo:
-            cell = cells[todo.pop()]
-            wanted = cell.loads - set(cell.binds) - setup_names
-            for cid, other in cells.items():
-                if cid not in scope and wanted & set(other.binds):
-                    scope.add(cid)
-                    todo.append(cid)
-        return scope
-
-
-def _policy_message(ex, found, chapter_wide: bool) -> str:
-    lines = [f"{ex.name}: the grader checks how answers are written (on their source), and this one is not allowed:"]
-    seen = set()
-    for cid, line, text in sorted(found, key=lambda f: (str(f[0]), f[1])):
-        if (cid, line, text) in seen:
-            continue
-        seen.add((cid, line, text))
-        where = f"answer cell `{cid}`" if not str(cid).startswith(("<", "/")) else "your answer cell"
-        lines.append(f"  {where}, line {line}: {text}")
-        if len(seen) == 4:
-            break
-    if chapter_wide:
-        lines.append("  every answer cell is checked for this, because such code could change how any exercise is "
-                     "measured: it costs every exercise of the notebook until it is removed")
-    return "\n".join(lines)
-
-
-CHAPTER_POLICY = SourcePolicy(what="")
+CHAPTER_RULES = Policy(
+    imports=ALLOWED_IMPORTS, setup_imports=SETUP_IMPORTS,
+    deny_modules_anywhere=("torch.overrides", "torch.library", "torch.utils._python_dispatch", "torch._C"),
+    banned_anywhere=(  # global hooks and switches that change every module's behaviour, the grader's too
+        "register_module_forward_pre_hook", "register_module_forward_hook", "register_module_full_backward_pre_hook",
+        "register_module_full_backward_hook", "register_module_backward_hook",
+        "register_module_buffer_registration_hook", "register_module_module_registration_hook",
+        "register_module_parameter_registration_hook", "set_overwrite_module_params_on_conversion",
+        "set_swap_module_params_on_conversion"))
 MIXIN_DENIED = ("torch.nn.modules", "torch.nn.utils", "torch.nn.parallel", "torch.func", "torch._functorch",
                 "torch.utils.hooks", "torch.fx", "torch.jit", "torch.export", "torch.ao", "torch.distributed",
                 "torch.quantization", "torch.compiler")
 
 
-def mixin_policy(what: str) -> SourcePolicy:
+def rules(why: str = "", **own) -> Policy:
+    """The chapter's rules, plus what one exercise's own answer may not use (``own``: Policy fields)."""
+    return dataclasses.replace(CHAPTER_RULES, why=why, **own)
+
+
+def mixin_policy(what: str) -> Policy:
     """The five mixin exercises: nothing of torch's Module machinery, only tensors, Parameter/Buffer, autograd
     and RemovableHandle."""
-    return SourcePolicy(what=f"this exercise asks you to write {what} yourself, not to use torch.nn.Module's",
-                        deny_modules=MIXIN_DENIED, deny_subclasses_of=("torch.nn.Module",),
-                        allow=("torch.utils.hooks.RemovableHandle",))
+    return rules(f"this exercise asks you to write {what} yourself, not to use torch.nn.Module's",
+                 deny_modules=MIXIN_DENIED, deny_subclasses_of=("torch.nn.Module",),
+                 allow_objects=("torch.utils.hooks.RemovableHandle",))
 
 
 class ModulesExercise(Exercise):
     """An exercise of this chapter: its results are plain data compared with :func:`first_difference`, and
-    how its answer is written is checked by its :class:`SourcePolicy` (``policy``)."""
-
-    policy: SourcePolicy | None = None
+    how its answer is written is checked by its ``policy`` (:func:`rules`)."""
 
     def compare(self, case, got, expected):
         found = first_difference(got, expected)
@@ -1351,7 +993,7 @@ class HookOrder(ModulesExercise):
     id, entry, points = "modules.hook_order", "hook_order", 2
     title = "predict the order of hook calls, forward and backward (plain Python)"
     forbid = ("torch", "numpy")
-    policy = SourcePolicy(what="predict the order without running anything", no_torch=True)
+    policy = rules("predict the order without running anything", no_modules=("torch", "numpy"))
 
     boundary_classes = {
         "a root only": lambda c, e: not c.args[0].get("children"),
@@ -1448,12 +1090,12 @@ class FunctionalCall(ModulesExercise):
     id, entry, points = "modules.functional_call", "functional_call", 1
     title = "functional_call: a module as a pure function of its tensors"
     probe = f"{PROBES}:functional_call_probe"
-    policy = SourcePolicy(
-        what="this exercise asks you to write functional_call (torch.func and torch.nn.utils.stateless do it for you)",
+    policy = rules(
+        "this exercise asks you to write functional_call (torch.func and torch.nn.utils.stateless do it for you)",
         deny_modules=("torch.func", "torch._functorch", "torch.nn.utils.stateless",
                       "torch.nn.utils._named_member_accessor", "torch.nn.utils.parametrize"),
-        deny_attributes=("load_state_dict", "_load_from_state_dict", "functional_call", "_reparametrize_module",
-                         "swap_tensor", "NamedMemberAccessor"))
+        banned=("load_state_dict", "_load_from_state_dict", "functional_call", "_reparametrize_module",
+                "swap_tensor", "NamedMemberAccessor"))
 
     def _case(self, spec, names, tie_weights=True, strict=False, scenario="plain", label=""):
         text = f"{{{', '.join(names)}}} given, tie_weights={tie_weights}, strict={strict}" + \
@@ -1571,7 +1213,7 @@ class FixModel(ModulesExercise):
     id, entry, points = "modules.fix_model", "FixedNet", 1
     title = "bug hunt: fix BrokenNet's module plumbing"
     probe = f"{PROBES}:fix_model_probe"
-    policy = SourcePolicy(what="")  # subclassing nn.Module is the point: the chapter-wide rules only
+    policy = CHAPTER_RULES  # subclassing nn.Module is the point: the chapter-wide rules only
 
     boundary_classes = {
         "depth 0": lambda c, e: c.args[1] == 0,
@@ -1704,9 +1346,8 @@ class LoadCheckpoint(ModulesExercise):
     id, entry, points = "modules.load_checkpoint", "load_checkpoint", 1
     title = "bug hunt: a checkpoint loader that cannot fail silently"
     probe = f"{PROBES}:load_checkpoint_probe"
-    policy = SourcePolicy(what="this exercise asks you to strip the prefixes yourself",
-                          deny_modules=("torch.nn.modules.utils",),
-                          deny_attributes=("consume_prefix_in_state_dict_if_present",))
+    policy = rules("this exercise asks you to strip the prefixes yourself", deny_modules=("torch.nn.modules.utils",),
+                   banned=("consume_prefix_in_state_dict_if_present",))
 
     def _case(self, recipe, wrap, damage):
         items, metadata = wrapped_checkpoint(recipe, wrap, damage)
@@ -1777,4 +1418,4 @@ EXERCISES = [Register(), Traverse(), Convert(), StateDictExercise(), Call(), Hoo
 
 CHAPTER = Chapter("modules", EXERCISES, sandbox_files=("modules/scaffold.py", "modules/trees.py"))
 
-__all__ = ["CHAPTER", "EXERCISES", "SourcePolicy", "boundary_specs", "chain_trees", "tree_specs"]
+__all__ = ["CHAPTER", "EXERCISES", "boundary_specs", "chain_trees", "tree_specs"]

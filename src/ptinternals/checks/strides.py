@@ -429,7 +429,7 @@ class SlidingWindows(StridesExercise):
     title = "sliding windows as a zero-copy view"
     policy = Policy(banned=("unfold", "Unfold", "sliding_window_view", *COPIES),
                     why="build the windows with as_strided from x's strides (unfold is what this exercise builds)")
-    probe = "ptinternals.checks.probes.strides:record_torch_calls"
+    probe = "ptinternals.checks.probes.calls:record_torch_calls"
     banned_calls = ("unfold", "clone", "contiguous", "copy_", "stack", "cat")
 
     def visible_cases(self):
@@ -492,7 +492,7 @@ class Im2Col(StridesExercise):
     title = "im2col patches as a view, for convolution as a matmul"
     policy = Policy(banned=("unfold", "Unfold", "sliding_window_view", "conv2d", "conv1d", "Conv2d", *COPIES),
                     why="build the patches with as_strided from x's strides (F.unfold is what this exercise builds)")
-    probe = "ptinternals.checks.probes.strides:record_torch_calls"
+    probe = "ptinternals.checks.probes.calls:record_torch_calls"
     banned_calls = ("unfold", "clone", "contiguous", "copy_", "stack", "cat", "conv2d")
 
     def visible_cases(self):

@@ -1,6 +1,7 @@
-"""Checks shared by the chapter's modules: is there a process group, and who am I in it."""
+"""Shared by the chapter's modules: is there a process group, who am I in it, which tensors a forward returned."""
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 
@@ -20,6 +21,18 @@ def group_rank_and_size(group, who: str) -> tuple[int, int]:
 def global_rank(group, group_rank: int) -> int:
     """The global rank of ``group_rank`` in ``group`` (P2P ops and broadcast ``src`` take global ranks)."""
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def tensors_in(obj) -> list[torch.Tensor]:
+    """The tensors in a forward's output (nested lists, tuples and dicts), in order: where DDP and FSDP
+    hook into the autograd graph (torch's ``_find_tensors`` in ``nn/parallel/distributed.py``)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in tensors_in(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in tensors_in(o)]
+    return []
 
 
 # torch 2.13 renamed the flat-buffer collectives (all_gather_into_tensor -> all_gather_single,

@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._common import global_rank, group_rank_and_size
+from ._common import global_rank, group_rank_and_size, tensors_in
 from .buckets import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, compute_bucket_assignment_by_size
 from .naive_ddp import broadcast_module_states
 
@@ -75,16 +75,6 @@ class Bucket:
     launched_at: float | None = None
     done_at: float | None = None
     names: list[str] = field(default_factory=list)
-
-
-def _tensors_in(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors_in(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors_in(o)]
-    return []
 
 
 class DistributedDataParallel(nn.Module):
@@ -197,7 +187,7 @@ class DistributedDataParallel(nn.Module):
         """Parameters whose AccumulateGrad node is not reachable from ``outputs``' grad_fns."""
         reached: set[int] = set()
         seen: set = set()
-        stack = [t.grad_fn for t in _tensors_in(outputs) if t.grad_fn is not None]
+        stack = [t.grad_fn for t in tensors_in(outputs) if t.grad_fn is not None]
         while stack:
             node = stack.pop()
             if node is None or node in seen:

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._common import all_gather_flat, group_rank_and_size, reduce_scatter_flat
+from ._common import all_gather_flat, group_rank_and_size, reduce_scatter_flat, tensors_in
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ class ParamGroup:
         if self.reshard_after_forward or not torch.is_grad_enabled():  # no backward will come to free them
             self.reshard()
         if torch.is_grad_enabled():
-            for t in _tensors_in(output):
+            for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(self._pre_backward)
         return output
@@ -228,16 +228,6 @@ class ParamGroup:
         if self.pending or self.unsharded_now:  # a parameter got no gradient in this backward
             self.reduce_scatter_grads()
         self.in_backward = False
-
-
-def _tensors_in(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors_in(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors_in(o)]
-    return []
 
 
 def fully_shard(module: nn.Module, *, group=None, reshard_after_forward: bool = True,

@@ -80,8 +80,7 @@ class Exercise:
     entry: str = ""  # the name the student defines
     points: float = 1.0
     forbid: tuple[str, ...] = ()  # modules the solution must not use (e.g. ("torch",)): absent while graded
-    policy: Any = None  # how its source may be written (checked statically): a grading.policy.Policy, or a
-    # chapter's own rule set, any object with ``problem(exercise, sources, own_cell) -> str | None`` (modules)
+    policy: Any = None  # how its source may be written (checked statically): a grading.policy.Policy
     timeout_s: float = 20.0  # for all cases of this exercise, in the sandbox
     probe: str | None = None  # "module:function" run sandbox-side instead of a plain call
     gpu: bool = False  # True: graded on a GPU when one is present (the device is in the result)
@@ -123,13 +122,10 @@ class Exercise:
         answer cell), or only the cell that defined the entry for instant feedback (``own_cell`` None).
 
         The trusted grader calls it before any of the submission's code runs (an exercise it fails is not
-        run); ``check`` calls it for instant feedback. It judges the exercise's ``policy``: a
-        :class:`~.policy.Policy` (plus ``forbid`` modules that cannot be made absent), or a chapter's own rule
-        set (an object with a ``problem`` method: the modules chapter's); no policy, no rule."""
-        from .policy import Policy, policy_problem
+        run); ``check`` calls it for instant feedback. It judges the exercise's ``policy``, a
+        :class:`~.policy.Policy` (plus ``forbid`` modules that cannot be made absent); no policy, no rule."""
+        from .policy import policy_problem
 
-        if self.policy is not None and not isinstance(self.policy, Policy):
-            return self.policy.problem(self, sources, own_cell)
         return policy_problem(self, sources, own_cell)
 
     # ---- derived ----------------------------------------------------------------------------------

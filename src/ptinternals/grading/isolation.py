@@ -14,13 +14,13 @@ import os
 import re
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from functools import lru_cache
 from pathlib import Path
+
+from .resources import kill_until_gone
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../ptinternals
 
@@ -314,17 +314,7 @@ def pids_of_uid(uid: int) -> list[int]:
 
 def kill_uid(uid: int, timeout_s: float = 5.0) -> None:
     """Kill every process of the sandbox's dedicated uid (forks that left the session included)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pids = pids_of_uid(uid)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.05)
+    kill_until_gone(lambda: pids_of_uid(uid), timeout_s, poll_s=0.05)
 
 
 # ================================================================================================

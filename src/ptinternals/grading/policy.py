@@ -19,6 +19,14 @@ measurement taken while the code runs can always be forged by that code (it shar
    plain-class ones, and monkeypatching (assigning an attribute of an imported module, or any
    attribute named like one of torch's functions).
 
+3. Closed imports (:attr:`Policy.imports`, judged in :mod:`.policy_imports`): answer cells import only
+   the listed modules, and what they reach through them is resolved to the objects themselves and judged
+   by home module (:attr:`Policy.deny_modules`, ``deny_modules_anywhere``) and base class
+   (:attr:`Policy.deny_subclasses_of`), so no alias reaches a banned class (``from torch.nn import
+   Module as Base``). Such a policy brings its own hiding rules in place of (2) (``getattr`` with a
+   literal name and ``object.__setattr__`` stay allowed; ``Chapter.policy_allow`` is not needed); the
+   name rules of (1), ``no_modules`` and the loop rules still apply, on the exercise's cells.
+
 A violation fails the exercise (category ``forbidden``) with the construct, cell and line. Only
 exercises with a :class:`Policy` (or a ``forbid`` module that cannot be made absent, such as
 ``struct``) are checked; ``ptgrade validate`` runs the same check for students before they submit.
@@ -44,6 +52,21 @@ class Policy:
     in_loops: tuple[str, ...] = ()  # calls (``item``, ``print``) not allowed inside a for/while body
     mask_index_in_loops: bool = False  # no ``x[y >= 0]`` (a boolean mask) inside a loop
     tensor_tests_in_loops: bool = False  # no if/while/assert inside a loop whose condition calls torch
+    # Closed imports (grading/policy_imports.py): answer cells may import only ``imports``; what they reach
+    # through them is resolved to the objects and judged by home module and base class. Setting ``imports``
+    # replaces the hiding rules above by that module's (the name, no_modules and loop rules still apply).
+    imports: tuple[str, ...] = ()  # the modules answer cells may import ("torch": its submodules too)
+    setup_imports: str = ""  # the setup cell's imports as written (instant feedback sees only the answer's cell)
+    deny_modules: tuple[str, ...] = ()  # no object whose home module is one of these (or below), in own code
+    deny_modules_anywhere: tuple[str, ...] = ()  # the same, in every answer cell
+    deny_subclasses_of: tuple[str, ...] = ()  # no subclass of these classes (dotted paths), in own code
+    allow_objects: tuple[str, ...] = ()  # dotted paths own code may reach all the same
+
+    def __post_init__(self):
+        closed = ("setup_imports", "deny_modules", "deny_modules_anywhere", "deny_subclasses_of", "allow_objects")
+        unused = [f for f in closed if getattr(self, f) and not self.imports]
+        if unused:
+            raise ValueError(f"Policy fields {', '.join(unused)} need `imports` (the closed-import rules)")
 
 
 @dataclass(frozen=True)
@@ -505,8 +528,6 @@ def effective_policy(ex) -> Policy | None:
     from .isolation import ABSENTABLE
 
     policy = getattr(ex, "policy", None)
-    if policy is not None and not isinstance(policy, Policy):
-        policy = None  # a chapter's own rules (plugged in through Exercise.source_problem)
     extra = tuple(m for m in ex.forbid if m not in ABSENTABLE)
     if not extra:
         return policy
@@ -516,9 +537,21 @@ def effective_policy(ex) -> Policy | None:
 
 def check_policy(ex, cells: list[dict], allow: tuple[str, ...] = ()) -> list[Violation]:
     """The violations of ``ex``'s policy in the student's answer ``cells`` ([] when it has none)."""
+    return _violations(ex, cells, allow, own_cell=ex.answer_cell)[0]
+
+
+def _violations(ex, cells: list[dict], allow: tuple[str, ...], own_cell: str | None,
+                setup_cells: tuple[str, ...] = ("setup",)) -> tuple[list[Violation], bool]:
+    """``(violations, chapter_wide)``: chapter_wide when they cost every exercise (closed imports only)."""
     policy = effective_policy(ex)
     if policy is None:
-        return []
+        return [], False
+    if policy.imports:
+        from .policy_imports import closed_violations
+
+        found, chapter_wide = closed_violations(ex, policy, {c["id"]: c["source"] for c in cells}, own_cell,
+                                                setup_cells)
+        return _in_order(found, cells), chapter_wide
     parsed, _ = _parse(cells)  # a cell that does not parse never runs (the run reports it): the rest is checked
     bound = _import_bound(parsed)
     mine = reachable(parsed, ex.answer_cell, ex.entry)
@@ -528,6 +561,10 @@ def check_policy(ex, cells: list[dict], allow: tuple[str, ...] = ()) -> list[Vio
         found += module_uses(mine, set(policy.no_modules), bound)
     found += loop_uses(mine, policy)
     found += hiding_uses(parsed, set(allow), bound)
+    return _in_order(found, cells), False
+
+
+def _in_order(found: list[Violation], cells: list[dict]) -> list[Violation]:
     unique = {(v.cell, v.line, v.what): v for v in found}
     order = [c["id"] for c in cells]
     return sorted(unique.values(), key=lambda v: (order.index(v.cell) if v.cell in order else 0, v.line, v.what))
@@ -544,19 +581,25 @@ def policy_problem(ex, sources: dict[str, str], own_cell: str | None = None) -> 
     from .exercise import load_chapter
 
     chapter = load_chapter(ex.id)
-    cells = [{"id": cid, "source": src} for cid, src in sources.items() if cid not in chapter.setup_cells]
-    violations = check_policy(ex, cells, chapter.policy_allow)
-    return describe_violations(ex, violations) if violations else None
+    if effective_policy(ex).imports:  # closed imports read the setup cell's imports too
+        cells = [{"id": cid, "source": src} for cid, src in sources.items()]
+    else:
+        cells = [{"id": cid, "source": src} for cid, src in sources.items() if cid not in chapter.setup_cells]
+    violations, chapter_wide = _violations(ex, cells, chapter.policy_allow, own_cell, chapter.setup_cells)
+    return describe_violations(ex, violations, chapter_wide=chapter_wide) if violations else None
 
 
-def describe_violations(ex, violations: list[Violation], limit: int = 5) -> str:
+def describe_violations(ex, violations: list[Violation], limit: int = 5, chapter_wide: bool = False) -> str:
     policy = effective_policy(ex)
     lines = [f"{ex.name} scores 0: its code (or code it relies on) uses what this exercise is to be done without:"]
     lines += [f"  - {v}" for v in violations[:limit]]
     if len(violations) > limit:
         lines.append(f"  - ... and {len(violations) - limit} more")
-    if policy is not None and policy.why:
+    if policy is not None and policy.why and not chapter_wide:
         lines.append(f"  {policy.why}")
+    if chapter_wide:
+        lines.append("  every answer cell is checked for this, because such code could change how any exercise is "
+                     "measured: it costs every exercise of the notebook until it is removed")
     lines.append("  (checked on your source before it runs: dynamic lookups such as getattr, private attributes, "
                  "eval and monkeypatching are not accepted in this chapter's graded cells)")
     return "\n".join(lines)

@@ -30,6 +30,22 @@ PARENT = "ptgrade"  # our groups live in <hierarchy>/ptgrade/<name>
 _counter = itertools.count()
 
 
+def kill_until_gone(list_pids, timeout_s: float = 5.0, poll_s: float = 0.02) -> None:
+    """SIGKILL every process ``list_pids()`` names, again and again, until it names none or ``timeout_s``
+    has passed (a process forked while the others die is caught by the next round)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = list_pids()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(poll_s)
+
+
 @lru_cache(maxsize=None)
 def cgroup_support() -> tuple[str | None, str]:
     """("v1" | "v2" | None, why): which cgroup tree this grader can use to limit a sandbox."""
@@ -132,17 +148,7 @@ class Cgroup:
                 (self.dirs[0] / "cgroup.kill").write_text("1")
             except OSError:
                 pass
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            pids = self.pids_in()
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            time.sleep(0.02)
+        kill_until_gone(self.pids_in, timeout_s)
 
     def __exit__(self, *exc) -> None:
         self.kill_all()

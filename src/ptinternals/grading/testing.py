@@ -7,6 +7,7 @@ also drive the end-to-end autograde tests (a bug is pasted into a student notebo
 """
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import linecache
@@ -22,6 +23,24 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def solution_notebook(assignment: str) -> nbformat.NotebookNode:
     return nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+
+
+def notebook_with(assignment: str, replace: dict | None = None, delete: tuple = (),
+                  student: bool = False) -> nbformat.NotebookNode:
+    """A fresh copy of the chapter's solution (or student) notebook with some cells' sources replaced
+    (``{grade_id: source}``) and some deleted (by grade_id): a submission for the end-to-end tests."""
+    path = ROOT / "notebooks" / assignment / f"{assignment}.ipynb"
+    nb = nbformat.read(path, as_version=4) if student else copy.deepcopy(solution_notebook(assignment))
+    cells = []
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in delete:
+            continue
+        if gid in (replace or {}):
+            cell.source = replace[gid]
+        cells.append(cell)
+    nb.cells = cells
+    return nb
 
 
 def answer_sources(assignment: str, student: bool = False) -> dict[str, str]:

@@ -413,7 +413,7 @@ def _grade_quiz(chapter: Chapter, folder, report: NotebookReport):
 
 def static_outcomes(chapter: Chapter, exercises: list[Exercise], cells: list[dict], report: NotebookReport) -> dict:
     """The exercises whose source the submission writes in a way their rules forbid
-    (``Exercise.source_problem``: a ``policy.Policy``, or a chapter's own rules): failed here, in the
+    (``Exercise.source_problem``, the exercise's ``policy.Policy``): failed here, in the
     grader's process, on the notebook's source, before any of the submission's code runs."""
     sources = {c["id"]: c["source"] for c in cells}
     out = {}

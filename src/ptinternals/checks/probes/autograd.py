@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import gc
 
+from ptinternals.checks.probes.calls import banned, recording_torch_calls
+
 
 def _reraise_if_stub(e: BaseException) -> None:
     """A stub's NotImplementedError must reach the harness, which reports "not implemented yet"."""
@@ -35,47 +37,13 @@ def _raised(e: BaseException):
 # ================================================================================================
 # Calls a solution may not make
 # ================================================================================================
-class _Banned(RuntimeError):
-    pass
-
-
-@contextlib.contextmanager
-def _banned(names_and_why):
-    """Replace module attributes (``(module, attr, why)``) by functions that raise, for a while."""
-    saved = []
-    for module, attr, why in names_and_why:
-        def stub(*args, _why=why, _name=f"{module.__name__}.{attr}", **kwargs):
-            raise _Banned(f"{_name} is not available in this exercise: {_why}")
-
-        saved.append((module, attr, getattr(module, attr)))
-        setattr(module, attr, stub)
-    try:
-        yield
-    finally:
-        for module, attr, value in reversed(saved):
-            setattr(module, attr, value)
-
-
 def _no_autograd_calls(why: str):
     import torch
     import torch.autograd.functional
     import torch.func
 
-    return _banned([(torch.autograd, "grad", why), (torch.autograd, "backward", why), (torch.Tensor, "backward", why),
+    return banned([(torch.autograd, "grad", why), (torch.autograd, "backward", why), (torch.Tensor, "backward", why),
                     (torch.func, "vjp", why), (torch.autograd.functional, "vjp", why)])
-
-
-@contextlib.contextmanager
-def _recording_torch_calls(calls: set):
-    from torch.overrides import TorchFunctionMode
-
-    class Recorder(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            calls.add(getattr(func, "__name__", str(func)))
-            return func(*args, **(kwargs or {}))
-
-    with Recorder():
-        yield
 
 
 def _to_variable(x):
@@ -104,7 +72,7 @@ def _from_variable(x):
 def unbroadcast_probe(entry, grad, shape):
     """``entry(grad, shape)`` on a tensor (recording torch calls), then on a scaffold Variable."""
     calls: set = set()
-    with _recording_torch_calls(calls):
+    with recording_torch_calls(calls):
         out = entry(grad, shape)
     try:
         as_variable = _from_variable(entry(_to_variable(grad), shape))
@@ -354,7 +322,7 @@ def function_probe(entry, inputs, params, grad_out, grad_grad, double=True, bann
         raise TypeError(f"expected a subclass of torch.autograd.Function, got {entry!r:.80}")
     leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
     calls: set = set()
-    with _recording_torch_calls(calls):
+    with recording_torch_calls(calls):
         out, saved_bytes, saved = saved_log(lambda *xs: entry.apply(*xs, *params), *leaves)
     result = {"out": out.detach() if isinstance(out, torch.Tensor) else out, "saved_bytes": saved_bytes,
               "saved": saved, "banned_calls": sorted(c for c in calls if c in banned)}
@@ -521,7 +489,7 @@ def checkpoint_probe(entry, x, weights, biases, dropout_p, seed, grad_out, froze
     import torch.utils.checkpoint as tuc
 
     why = "build checkpointing yourself (a torch.autograd.Function or saved_tensors_hooks)"
-    with _banned([(tuc, "checkpoint", why), (tuc, "checkpoint_sequential", why)]):
+    with banned([(tuc, "checkpoint", why), (tuc, "checkpoint_sequential", why)]):
         return run_block(lambda block, xl: entry(block, xl), x, weights, biases, dropout_p, seed, grad_out,
                          collect_above=x.numel() * x.element_size(), frozen=frozen, shared=shared)
 

@@ -19,26 +19,6 @@ from ptinternals.checks.probes.ranks import P2P_RECV, P2P_SEND, spawn
 
 
 # ================================================================================================
-# Exercises distributed.chunk_bounds, distributed.assign_buckets, distributed.shard_bounds: plain Python
-# ================================================================================================
-def plain_python(entry, *args, **kwargs):
-    """Call ``entry`` and record the torch functions it used (these exercises are arithmetic: the point
-    is to write it, not to ask ``torch.tensor_split`` or ``dist._compute_bucket_assignment_by_size``)."""
-    from torch.overrides import TorchFunctionMode
-
-    calls = set()
-
-    class Recorder(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            calls.add(getattr(func, "__name__", str(func)))
-            return func(*args, **(kwargs or {}))
-
-    with Recorder():
-        out = entry(*args, **kwargs)
-    return {"out": out, "calls": sorted(calls)}
-
-
-# ================================================================================================
 # Helpers for the bodies: the models the checks train, built the same way here and on the trusted side
 # ================================================================================================
 class TiedPair(nn.Module):

@@ -19,6 +19,7 @@ from collections import OrderedDict
 
 import torch
 
+from ptinternals.checks.probes.calls import banned
 from ptinternals.modules.scaffold import BrokenNet, build_tree, compose
 
 
@@ -124,20 +125,26 @@ def snapshot(module) -> dict:
             "plain": plain}
 
 
-def apply_op(module, base: type, op, k: int):
+def op_call(module, base: type, op, k: int):
+    """The attribute operation ``op = (what, name, value kind, persistent)`` on ``module``, as a function of
+    no arguments (its value is the operation's; the value to assign is made now, from seed ``k``)."""
     what, name, kind, persistent = op
     value = make_value(kind, base, k)
     if what == "setattr":
-        return outcome(lambda: setattr(module, name, value))
+        return lambda: setattr(module, name, value)
     if what == "register_buffer":
-        return outcome(lambda: module.register_buffer(name, value, persistent=persistent))
+        return lambda: module.register_buffer(name, value, persistent=persistent)
     if what == "register_parameter":
-        return outcome(lambda: module.register_parameter(name, value))
+        return lambda: module.register_parameter(name, value)
     if what == "add_module":
-        return outcome(lambda: module.add_module(name, value))
+        return lambda: module.add_module(name, value)
     if what == "delattr":
-        return outcome(lambda: delattr(module, name))
-    return outcome(lambda: describe(getattr(module, name)))
+        return lambda: delattr(module, name)
+    return lambda: describe(getattr(module, name))
+
+
+def apply_op(module, base: type, op, k: int):
+    return outcome(op_call(module, base, op, k))
 
 
 def register_run(base: type, ops: list, early: str | None = None) -> list:
@@ -515,35 +522,6 @@ def call_probe(Calling, spec, scenario, plan=(), x_requires_grad=True, grad_mode
 # ================================================================================================
 # modules.functional_call (real torch modules on both sides)
 # ================================================================================================
-class Banned(RuntimeError):
-    pass
-
-
-@contextlib.contextmanager
-def banned(targets):
-    """Replace ``(owner, attribute)`` pairs by functions that raise, for the duration of the student's call.
-
-    A second line only: the grade relies on the trusted side's check of the answer cell's source.
-    """
-    saved = []
-    for owner, attr in targets:
-        if not hasattr(owner, attr):
-            continue
-
-        name = f"{getattr(owner, '__name__', owner)}.{attr}"
-
-        def stub(*args, _name=name, **kwargs):
-            raise Banned(f"{_name} is not available in this exercise: it is the operation you are asked to write")
-
-        saved.append((owner, attr, getattr(owner, attr)))
-        setattr(owner, attr, stub)
-    try:
-        yield
-    finally:
-        for owner, attr, value in reversed(saved):
-            setattr(owner, attr, value)
-
-
 def _functional_banned():
     import torch.func
     import torch.nn.utils.stateless as stateless
