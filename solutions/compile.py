@@ -748,7 +748,9 @@ print(kernel_source(written["triton"].code[0], written["triton"].kernel_names[0]
 # and friends; op names contain `_` too, so prefer the split with the fewest pieces). `extern` lists the
 # `extern_kernels.<name>(` calls in order. The check compares with what Inductor generated for many
 # programs, C++ and Triton: the kernels with Inductor's own list of the kernels it defined, the ops with
-# the scheduler's record (as above), the library calls with the extern kernels of its graph.
+# the scheduler's record (as above), the library calls with the extern kernels of its graph; and with a
+# module written in Inductor's format whose kernel names make the split rule matter (there, any split into
+# the fewest known names is right).
 
 # %% [answer read_kernels]
 def read_kernels(code):

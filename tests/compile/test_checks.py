@@ -240,6 +240,56 @@ def test_partition_cases_hold_the_boundary_classes():
         assert words in labels, words
 
 
+# Issue 16 item 3's boundary classes, each mapped onto the exercises' declared ``boundary_classes`` (that a
+# hidden case falls in each is tests/test_exercise_banks.py::test_hidden_cases_cover_the_boundary_classes),
+# or the reason it does not apply to this chapter.
+ISSUE_16_CLASSES = {
+    "extremes of a numeric range (inf where defined, and 0)": [
+        ("min_cut", "an infinite path: ValueError"), ("min_cut", "zero capacities")],
+    "exact ties": [("min_cut", "a tie: the two extreme cuts differ"),
+                   ("choose_saved", "pointwise only: every value the same size (ties)")],
+    "every threshold and limit at equality and one step past it": [
+        ("predict_compiles", "the recompile limit reached, and one call past it"),
+        ("predict_compiles", "a size 0"), ("predict_compiles", "a size 1 after a dynamic dim")],
+    "frozen parameters (no gradient)": [("choose_saved", "a frozen input (no gradient)")],
+    "empty inputs": [("recording_backend", "the empty program: the backend is never called"),
+                     ("predict_graphs", "the empty program"), ("fuse_add_gelu", "a graph with no ops"),
+                     ("dead_code", "no ops"), ("min_cut", "no edges"), ("read_kernels", "no kernel at all")],
+    "size-1 inputs": [("recording_backend", "an input of size 1"), ("dead_code", "a single op"),
+                      ("choose_saved", "a single op"), ("compile_blocks", "a batch of 1"), ("compile_blocks", "one head")],
+    "non-contiguous inputs": [("predict_compiles", "a transposed view"), ("choose_saved", "a view between ops")],
+}
+ISSUE_16_NOT_APPLICABLE = {
+    "values near a dtype's max, subnormals, NaN": "no answer computes on tensor values: graphs, predictions, cuts "
+        "and kernel lists are judged on structure, and tensors only flow through torch's kernels, compared with eager",
+    "a large offset relative to the spread": "no answer computes a mean, a variance or a softmax",
+    "rounding ties": "no answer rounds a number",
+    "inputs left unmodified": "no exercise's text promises it: fuse_add_gelu and dead_code edit their graph in "
+        "place by design, and the other answers return new values",
+    "optimizers, DDP and FSDP; grads that are None; tied parameters": "the chapter has no optimizer or "
+        "data-parallel exercise; compile_blocks compiles the model's blocks as they are, eager mode giving the truth",
+    "attention with different query and key lengths, causal and not": "no answer implements attention",
+}
+
+
+def test_issue_16_boundary_classes_are_declared_or_do_not_apply():
+    assert not set(ISSUE_16_CLASSES) & set(ISSUE_16_NOT_APPLICABLE)
+    for cls, where in ISSUE_16_CLASSES.items():
+        for name, boundary in where:
+            assert boundary in ex(name).boundary_classes, (cls, name, boundary)
+
+
+def test_the_written_kernel_module_needs_the_fewest_split():
+    """The module in Inductor's format (read_kernels' hidden cases): every kernel name splits into torch's op
+    names, and one name's first split from the left is not the fewest."""
+    case = C.split_case()
+    assert [k for k, _ in case.truth["kernels"]] == re.findall(r"^(\w+) = async_compile\.", case.args[0], re.M)
+    for _, ops in case.truth["kernels"]:
+        assert ops and all(op in C.known_op_names() for op in ops)
+    assert any(len(C.first_found_split("_".join(ops))) > len(ops) for _, ops in case.truth["kernels"])
+    assert any(op not in C.default_overload_names() for _, ops in case.truth["kernels"] for op in ops)
+
+
 def test_min_cut_ties_and_cancellation_come_from_networkx():
     value, side = C.networkx_cut(C.NEEDS_CANCELLING, "s", "t")
     assert value == 2 and side == ["t"]

@@ -24,6 +24,7 @@ checked on the submission's source in the grader's process (see the end of this 
 """
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import re
@@ -680,6 +681,10 @@ class MinCut(CompileExercise):
             ("an edge given twice: the second replaces the first", [("s", "t", 5), ("s", "t", 2)], "s", "t"),
             ("edges both ways", [("s", "a", 2), ("a", "s", 3), ("a", "t", 2), ("t", "a", 1), ("s", "t", 1)], "s", "t"),
             ("edges both ways, the second one unsaturated", [("s", "a", 1), ("a", "t", 5), ("t", "a", 1)], "s", "t"),
+            # flow pushed along a -> b adds to b -> a's own capacity (a later path needs both), not replaces it
+            ("edges both ways, the reverse one used after a push", [("s", "a", 1), ("s", "c", 1), ("b", "t", 1),
+                                                                   ("a", "b", 1), ("a", "d", 2), ("b", "a", 1),
+                                                                   ("c", "b", 1), ("d", "t", 2)], "s", "t"),
             ("zero capacities", [("s", "a", 0), ("a", "t", 4), ("s", "b", 2), ("b", "t", 0)], "s", "t"),
             ("ties along a chain", [("s", "a", 1), ("a", "b", 1), ("b", "c", 1), ("c", "t", 1)], "s", "t"),
             ("infinite edges around finite ones", [("s", "a", inf), ("a", "b", 3), ("b", "t", inf), ("a", "c", 2),
@@ -915,11 +920,95 @@ class KernelCase(Case):
     """A case whose expected answer (Inductor's record) was taken when its code was generated."""
 
     truth: dict = field(default_factory=dict)
+    written: bool = False  # a module written in Inductor's format, not generated: its ops are the fewest split
 
 
 def known_op_names() -> frozenset[str]:
     return frozenset(n.split("::", 1)[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
                      if n.startswith(("aten::", "prims::")))
+
+
+def default_overload_names() -> frozenset[str]:
+    """The op names torch lists with a default overload (``aten::sin``); ``masked_fill`` and ``softmax`` only
+    come with named ones (``aten::masked_fill.Scalar``, ``aten::softmax.int``)."""
+    return frozenset(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
+                     if n.startswith(("aten::", "prims::")) and "." not in n)
+
+
+def _splits(body: str):
+    """Every split of ``body`` at '_' (the '_' cut at is dropped), fewest pieces first."""
+    cuts = [k for k, ch in enumerate(body) if ch == "_"]
+    for r in range(len(cuts) + 1):
+        for chosen in itertools.combinations(cuts, r):
+            edges = [-1, *chosen, len(body)]
+            yield tuple(body[a + 1:b] for a, b in zip(edges, edges[1:]))
+
+
+def fewest_split(body: str) -> tuple[str, ...] | None:
+    """A split of ``body`` into the fewest names torch knows, by brute force over the cut points (or None)."""
+    known = known_op_names()
+    return next((pieces for pieces in _splits(body) if all(p in known for p in pieces)), None)
+
+
+def first_found_split(body: str) -> tuple[str, ...] | None:
+    """The split a left-to-right scan keeps when each position keeps the first way it was reached (the
+    longest last piece), not the fewest pieces: it differs from :func:`fewest_split` on some names."""
+    known, best = known_op_names(), {-1: ()}
+    for j in range(len(body) + 1):
+        if j < len(body) and body[j] != "_":
+            continue
+        for i in sorted(best):
+            if i < j and body[i + 1:j] in known and j not in best:
+                best[j] = best[i] + (body[i + 1:j],)
+    return best.get(len(body))
+
+
+# Kernel names no program above gives, in a module written in Inductor's format: torch's op names chosen
+# so that the split rule matters (a one-letter name, a name torch lists only with overloads, a name made of
+# two others, a name whose fewest split is not the first one found from the left). The expected ops are the
+# fewest split (brute force); the library calls are the module's.
+SPLIT_KERNELS = ("cpp_fused_t_tanh_0", "cpp_fused_clamp_max_1", "cpp_fused_masked_fill_mul_2",
+                 "cpp_fused_add_fill_diagonal__softmax_3")
+
+
+def split_module(names=SPLIT_KERNELS) -> str:
+    kernel = """{name} = async_compile.cpp_pybinding(['const float*', 'float*'], r'''
+#include <torch/csrc/inductor/cpp_prefix.h>
+extern "C"  void  kernel(const float* in_ptr0,
+                       float* out_ptr0)
+{{
+    #pragma omp parallel num_threads(2)
+    {{
+        for(int64_t x0=static_cast<int64_t>(0L); x0<static_cast<int64_t>(32L); x0+=static_cast<int64_t>(1L))
+        {{
+            auto tmp0 = in_ptr0[static_cast<int64_t>(x0)];
+            out_ptr0[static_cast<int64_t>(x0)] = tmp0;
+        }}
+    }}
+}}
+''')
+
+"""
+    calls = "".join(f"        buf{k + 1} = empty_strided_cpu((4, 8), (8, 1), torch.float32)\n"
+                    f"        {name}(buf{k}, buf{k + 1})\n" for k, name in enumerate(names))
+    return ("# AOT ID: ['0_inference']\nimport torch\nfrom torch._inductor.async_compile import AsyncCompile\n"
+            "from torch._inductor.select_algorithm import extern_kernels\n\n"
+            "empty_strided_cpu = torch._C._dynamo.guards._empty_strided_cpu\nasync_compile = AsyncCompile()\n\n\n"
+            + "".join(kernel.format(name=n) for n in names)
+            + "\nasync_compile.wait(globals())\ndel async_compile\n\ndef call(args):\n    arg0_1, arg1_1 = args\n"
+            "    args.clear()\n    buf0 = empty_strided_cpu((4, 8), (8, 1), torch.float32)\n"
+            "    extern_kernels.mm(arg0_1, arg1_1, out=buf0)\n"
+            + calls.replace("        ", "    ")
+            + f"    buf{len(names) + 1} = empty_strided_cpu((4, 8), (8, 1), torch.float32)\n"
+            f"    extern_kernels.addmm(buf{len(names)}, arg0_1, arg1_1, alpha=1, beta=1, out=buf{len(names) + 1})\n"
+            f"    return (buf{len(names) + 1}, )\n")
+
+
+def split_case() -> Case:
+    kernels = [(n, fewest_split(re.sub(r"_\d+$", "", n.split("_fused_", 1)[1]))) for n in SPLIT_KERNELS]
+    return KernelCase((split_module(),), label="kernel names where the split rule matters (a module in Inductor's "
+                      "format: " + ", ".join(SPLIT_KERNELS) + ")", truth={"kernels": kernels, "extern": ["mm", "addmm"]},
+                      written=True)
 
 
 class ReadKernels(CompileExercise):
@@ -932,6 +1021,13 @@ class ReadKernels(CompileExercise):
         "Triton kernels": lambda c, e: "async_compile.triton(" in c.args[0],
         "a looped Triton reduction (triton_red_)": lambda c, e: any(n.startswith("triton_red_") for n, _ in e[0]),
         "an op name with '_' in it": lambda c, e: any("_" in op for _, ops in e[0] for op in ops),
+        "a one-letter op name (t)": lambda c, e: any(len(op) == 1 for _, ops in e[0] for op in ops),
+        "an op torch lists only with overloads (masked_fill.Scalar)": lambda c, e: any(
+            op not in default_overload_names() for _, ops in e[0] for op in ops),
+        "an op name made of other op names (clamp_max)": lambda c, e: any(
+            "_" in op.strip("_") and all(p in known_op_names() for p in op.split("_")) for _, ops in e[0] for op in ops),
+        "a name whose fewest split is not the first found from the left": lambda c, e: any(
+            first_found_split("_".join(ops)) != ops for _, ops in e[0]),
         "the same library call twice": lambda c, e: len(e[1]) > len(set(e[1])),
     }
     VISIBLE = (("pointwise chain", "cpp"), ("matmul between pointwise ops", "cpp"),
@@ -948,7 +1044,7 @@ class ReadKernels(CompileExercise):
     def hidden_cases(self):
         """Each other program once, in one language or the other (both would double a minute of Inductor)."""
         programs = [p for p in KERNEL_PROGRAMS if p not in {v for v, _ in self.VISIBLE}]
-        return [self._case(p, ("triton", "cpp")[k % 2]) for k, p in enumerate(programs)]
+        return [self._case(p, ("triton", "cpp")[k % 2]) for k, p in enumerate(programs)] + [split_case()]
 
     def expected(self, case):
         return (case.truth["kernels"], case.truth["extern"])
@@ -968,7 +1064,9 @@ class ReadKernels(CompileExercise):
             fewer = (isinstance(ops, tuple) and "_".join(ops) == "_".join(want) and len(ops) <= len(want)
                      and all(o in known for o in ops))
             if ops != want and not fewer:
-                return f"kernel {name} fused the ATen ops {want} (Inductor's record)\n     you read {describe(ops)}"
+                source = "the fewest split into torch's op names" if getattr(case, "written", False) else \
+                    "Inductor's record"
+                return f"kernel {name} fused the ATen ops {want} ({source})\n     you read {describe(ops)}"
         if extern != want_extern:
             return f"the library calls are {want_extern}\n     you found {extern}"
         return None
