@@ -636,7 +636,9 @@ def markdown(rep: dict) -> str:
     lines = [f"# Mutation testing: {rep['chapter']} ({rep['date']})", "",
              f"{rep['library']}, {rep['operators']} operators, over each exercise's solution region; "
              f"{rep['jobs']} worker processes, {rep['seconds']:.0f} s in all. A timeout counts as killed; the "
-             f"score is killed / (mutants - equivalent). Produced by `make mutation CHAPTER={rep['chapter']}`.", "",
+             f"score is killed / (mutants - equivalent). Produced by "
+             + (f"`python bench/mutation.py --survivors-from {rep['incremental']['from'].split(' (')[0]}`."
+                if rep.get("incremental") else f"`make mutation CHAPTER={rep['chapter']}`."), "",
              "| exercise | mutants | killed (visible / hidden / cell) | survived | equivalent | timeouts | score |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     if rep.get("incremental"):
