@@ -82,3 +82,40 @@ def test_a_shared_answer_cell_is_mutated_once_and_judged_by_every_exercise_that_
     assert alone.status == mutation.SURVIVED, alone
     both = mutation.judge("amp.amp_speed", "amp_train_code", bug, visible_only=True, judges=[("amp.amp_train", True)])
     assert both.status == mutation.KILLED and both.exercise == "amp.amp_train" and both.phase == "visible", both
+
+
+def test_an_incremental_run_judges_only_the_survivors_and_is_refused_when_the_mutants_changed():
+    """`bench/mutation.py --survivors-from REPORT`: the mutants REPORT lists as survived are judged again (here two
+    that were killed, marked survived as if a case had been added since), the others' verdicts carried over; a
+    report whose solution region differs from today's (its hash, or with no hash, its mutants) is refused."""
+    import copy
+
+    import bench.mutation
+
+    from ptinternals.grading import mutation_survivors
+
+    full = mutation.run_chapter("strides", exercises=["strides.contiguous_strides"], jobs=1)
+    assert set(full["regions"]) == {"strides.contiguous_strides"}
+    before = copy.deepcopy(full)
+    for row in before["mutants"][:2]:
+        row.update(status=mutation.SURVIVED, phase="", category="")
+    rep = mutation_survivors.run_survivors("strides", before, "before.json", jobs=1)
+    assert rep["incremental"]["retested"] == 2 and rep["incremental"]["carried"] == len(full["mutants"]) - 2
+    assert rep["incremental"]["full_run"]["report"] == "before.json"
+    assert [m["status"] for m in rep["mutants"]] == [m["status"] for m in full["mutants"]]
+    assert rep["total"] == full["total"] and rep["regions"] == full["regions"]
+    page = mutation.markdown(rep)
+    assert "**An incremental run**" in page and "only the 2 mutants that survived" in page and "before.json" in page
+
+    edited = copy.deepcopy(before)
+    edited["regions"]["strides.contiguous_strides"] = "0" * 64
+    with pytest.raises(ValueError, match="strides.contiguous_strides: its solution region is not the one"):
+        mutation_survivors.run_survivors("strides", edited, "edited.json", jobs=1)
+    old = copy.deepcopy(before)  # a report from before the hashes: compared mutant by mutant
+    del old["regions"]
+    assert mutation_survivors.changed_regions("strides", old) == []
+    old["mutants"][0]["mutant"] += "  # another solution"
+    assert "1 of the report's mutants are not made today" in mutation_survivors.changed_regions("strides", old)[0]
+    with pytest.raises(SystemExit):  # the command line says why, and writes nothing
+        json_path = ROOT / "bench" / "results" / "does-not-exist.json"
+        bench.mutation.main(["--survivors-from", str(json_path)])

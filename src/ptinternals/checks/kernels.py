@@ -919,6 +919,8 @@ class LayerNormBackward(KernelExercise):
         "width one short of a power of two": lambda c, e: c.args[1].shape[1] in (15, 127),
         "more than 128 columns (several column blocks in a second stage)": lambda c, e: c.args[1].shape[1] > 128,
         "more rows than programs (several rows per program, the last run short)": lambda c, e: c.args[1].shape[0] >= 9,
+        "more than 64 rows (on a GPU, 2 programs per SM: more partial rows than the second stage's BLOCK_M = 32)":
+        lambda c, e: c.args[1].shape[0] > 64,
         "a large offset next to a small spread (mean 1024, std 0.3)": lambda c, e: c.args[1].numel() > 0
         and float(c.args[1].double().amin()) > 1000,
         "results near the fp16 max": lambda c, e: c.args[1].dtype == torch.float16
@@ -964,6 +966,7 @@ class LayerNormBackward(KernelExercise):
             build(5, 17, "fp32", "contiguous", "transposed", 66),
             build(3, 15, "fp16", "sliced", "contiguous", 67),
             build(9, 129, "fp32", "contiguous", "contiguous", 68),
+            build(67, 5, "fp32", "contiguous", "sliced", 73),         # a GPU's stage 2 walks 3 blocks of 32 partials
             build(1, 2049, "fp32", "contiguous", "contiguous", 71),   # one row per num_warps step past 2048 and 8192
             build(1, 8193, "fp16", "contiguous", "contiguous", 72),
             self._case(0, 0, torch.float32, "contiguous", "contiguous", 69, x=offset,
@@ -1193,6 +1196,10 @@ class Matmul(KernelExercise):
         "N one past a tile of 32": lambda c, e: Matmul._shape(c)[1] == 33,
         "two groups of tile-rows, the last one short (by 1)": lambda c, e: 6 * 32 < Matmul._shape(c)[0] <= 7 * 32
         and Matmul._shape(c)[1] > 32,
+        "a short last group with three tile columns (the group's pids do not split on a power of two)":
+        lambda c, e: 6 * 32 < Matmul._shape(c)[0] <= 7 * 32 and 2 * 32 < Matmul._shape(c)[1] <= 3 * 32,
+        "one row times a wide matrix (M = 1, more than 30 tile columns)": lambda c, e: Matmul._shape(c)[0] == 1
+        and Matmul._shape(c)[1] > 30 * 32,
         "a transposed (a column stride != 1)": lambda c, e: c.args[0].shape[1] > 1 and c.args[0].stride(1) != 1,
         "b transposed (x @ w.t())": lambda c, e: c.args[1].shape[1] > 1 and c.args[1].stride(1) != 1,
         "a row stride > the row (sliced)": lambda c, e: c.args[0].stride(1) == 1 and c.args[0].stride(0) > c.args[0].shape[1] > 0,
@@ -1236,6 +1243,8 @@ class Matmul(KernelExercise):
             build(7, 33, 31, "fp32", "contiguous", "sliced", 85),
             build(200, 40, 20, "fp32", "contiguous", "transposed", 86),
             build(5, 6, 70, "fp32", "transposed", "sliced", 90),
+            build(200, 70, 20, "fp32", "contiguous", "contiguous", 91),
+            build(1, 1000, 24, "fp16", "contiguous", "transposed", 92),   # a decode step's x @ w.t()
             special(8, 8, 40, torch.float16, "near_max", 87, b_scale=1e-3),
             special(6, 5, 9, torch.float16, "subnormal", 88),
             special(4, 6, 5, torch.float32, "inf_nan", 89),
@@ -1397,6 +1406,9 @@ class FlashAttention(KernelExercise):
         "Sk one short of a block of 32": lambda c, e: FlashAttention._s(c)[1] in (31, 63),
         "Sq one past a block of 32": lambda c, e: FlashAttention._s(c)[0] in (33, 65),
         "causal over several whole key blocks (Sq = Sk = 100)": lambda c, e: c.args[3] and FlashAttention._s(c) == (100, 100),
+        "one query against more than 1024 keys (decoding with a long cache)": lambda c, e: FlashAttention._s(c)[0] == 1
+        and FlashAttention._s(c)[1] > 1024,
+        "more than 1024 queries, causal (more than 32 Q tiles)": lambda c, e: c.args[3] and FlashAttention._s(c)[0] > 1024,
         "(B, S, H, D) memory: strides in every dim": lambda c, e: c.args[0].dim() == 4 and c.args[0].stride(2) != c.args[0].shape[3],
         "scores far apart (q x 30: a later key block raises the running max)": lambda c, e: float(c.args[0].double().abs().amax()) > 40,
         "v near the fp16 max": lambda c, e: c.args[2].dtype == torch.float16 and float(c.args[2].double().abs().amax()) > 0.9 * 65504,
@@ -1458,6 +1470,10 @@ class FlashAttention(KernelExercise):
                        label="(1, 1, 100, 16), causal: whole key blocks left of the diagonal, then the diagonal's"),
             self._case(1, 2, 20, 45, 16, False, f16, "contiguous", 112, q_scale=0.5, offsets=(-30.0, 2.0),
                        label="q about -30, k about 2: every score near -240, a spread of a few units"),
+            self._case(1, 1, 1, 1056, 16, False, f32, "contiguous", 114,
+                       label="one query, 1056 keys (33 key blocks), not causal: a decoding step with a long cache"),
+            self._case(1, 1, 1056, 40, 16, True, f32, "contiguous", 115,
+                       label="1056 queries, 40 keys, causal: Q tiles far below the last key"),
         ]
         seqs = st.sampled_from([1, 17, 40, 65, 100])
         return deliberate + draw(

@@ -483,66 +483,103 @@ def run_chapter(slug: str, *, exercises: list[str] | None = None, jobs: int = 2,
     order = [ex.id for ex in chapter.exercises]
     plan = cell_plan(slug, exercises)
     ids = [i for i in order if i in set(exercises or order) | set(plan)]  # the report's rows
-    slow = set(getattr(bank(slug), "SLOW_HIDDEN", ()))
     sources = answer_sources(slug)
-    equivalents = load_equivalents(slug)
     ops = operators()
     by_exercise = {i: mutants_of(i, sources[cell], cell, ops) for i, (cell, _) in plan.items()}
-    judges = {i: tuple((j, j in slow) for j in others) for i, (_, others) in plan.items()}
-    results = {i: ExerciseResult(i, len(by_exercise.get(i, ())), visible_only=i in slow) for i in ids}
+    results = new_results(ids, plan, {i: len(ms) for i, ms in by_exercise.items()})
+    t0 = time.perf_counter()
+    records = judge_all(slug, plan, by_exercise, results, jobs=jobs, timeout_factor=timeout_factor,
+                        min_timeout_s=min_timeout_s, progress=progress)
+    all_mutants = [m for ms in by_exercise.values() for m in ms]
+    return report(slug, ids, results, records, stale_equivalents(slug, all_mutants) if exercises is None else [],
+                  jobs=jobs, seconds=time.perf_counter() - t0, operator_names=list(ops),
+                  regions={i: region_hash(sources[cell]) for i, (cell, _) in plan.items()})
+
+
+def new_results(ids, plan, counts: dict[str, int]) -> dict[str, ExerciseResult]:
+    """An empty ``ExerciseResult`` per report row, with its mutant count and who shares its cell."""
+    results = {i: ExerciseResult(i, counts.get(i, 0)) for i in ids}
     for owner, (_, others) in plan.items():
         results[owner].shared_with = list(others)
         for j in others:
             if j in results:
                 results[j].counted_under = owner
+    return results
+
+
+def tally(r: ExerciseResult, m: Mutant, verdict: Verdict, equivalents: dict) -> Record:
+    """Count one verdict in its exercise's row (a survivor listed in the equivalents file is equivalent)."""
+    r.seconds += verdict.seconds
+    reason = ""
+    if verdict.status == SURVIVED and m.key in equivalents:
+        verdict.status, reason = EQUIVALENT, str(equivalents[m.key]["reason"]).strip()
+    if verdict.status == KILLED:
+        r.killed += 1
+        r.killed_by[verdict.phase] = r.killed_by.get(verdict.phase, 0) + 1
+        if verdict.exercise and verdict.exercise != m.exercise:
+            r.killed_first_by[verdict.exercise] = r.killed_first_by.get(verdict.exercise, 0) + 1
+    elif verdict.status == SURVIVED:
+        r.survived += 1
+    elif verdict.status == EQUIVALENT:
+        r.equivalent += 1
+    else:
+        r.timeouts += 1
+    if m.key in equivalents and verdict.status == KILLED:
+        reason = "listed as equivalent, but killed: remove it from the equivalents file"
+    return Record(m, verdict, reason)
+
+
+def judge_all(slug: str, plan, by_exercise: dict[str, list[Mutant]], results: dict[str, ExerciseResult], *,
+              jobs: int, timeout_factor: float, min_timeout_s: float, progress=None) -> list[Record]:
+    """Judge ``by_exercise``'s mutants in a pool of ``jobs`` workers, counting each verdict in ``results``: each
+    cell's unmutated solution first (it must pass; its time sets the mutants' limit)."""
+    from .testing import answer_sources
+
+    slow = set(getattr(bank(slug), "SLOW_HIDDEN", ()))
+    sources = answer_sources(slug)
+    equivalents = load_equivalents(slug)
+    judges = {i: tuple((j, j in slow) for j in others) for i, (_, others) in plan.items()}
+    for i in results:
+        results[i].visible_only = i in slow
     records: list[Record] = []
-    t0 = time.perf_counter()
     bar = progress(sum(len(ms) for ms in by_exercise.values())) if progress else None
     with Pool(jobs) as pool:
         limits, solutions, todo = {}, {}, []
         for i, (cell, _) in plan.items():  # warm one worker per cell to learn its clean time (others on demand)
+            if i not in by_exercise:  # an incremental run: nothing of this cell to judge again
+                continue
             solutions[i] = sources[cell]
             base = pool.warm(pool.workers[0], i, cell, sources[cell], i in slow, judges[i])
             r = results[i]
             if base.status != SURVIVED:
                 r.error = f"the solution fails its own check: {base.status} {base.phase} {base.message}"
                 if bar:
-                    bar.update(r.mutants)
+                    bar.update(len(by_exercise[i]))
                 continue
             r.baseline_s = base.seconds
             r.limit_s = limits[i] = max(min_timeout_s, timeout_factor * base.seconds)
             todo += [Job(m, i in slow, judges[i]) for m in by_exercise[i]]
         for job, verdict in pool.run(todo, limits, solutions):
-            m, r = job.mutant, results[job.mutant.exercise]
-            r.seconds += verdict.seconds
-            reason = ""
-            if verdict.status == SURVIVED and m.key in equivalents:
-                verdict.status, reason = EQUIVALENT, str(equivalents[m.key]["reason"]).strip()
-            if verdict.status == KILLED:
-                r.killed += 1
-                r.killed_by[verdict.phase] = r.killed_by.get(verdict.phase, 0) + 1
-                if verdict.exercise and verdict.exercise != m.exercise:
-                    r.killed_first_by[verdict.exercise] = r.killed_first_by.get(verdict.exercise, 0) + 1
-            elif verdict.status == SURVIVED:
-                r.survived += 1
-            elif verdict.status == EQUIVALENT:
-                r.equivalent += 1
-            else:
-                r.timeouts += 1
-            if m.key in equivalents and verdict.status == KILLED:
-                reason = "listed as equivalent, but killed: remove it from the equivalents file"
-            records.append(Record(m, verdict, reason))
+            records.append(tally(results[job.mutant.exercise], job.mutant, verdict, equivalents))
             if bar:
                 bar.update(1)
-                bar.set_postfix_str(f"{m.exercise.split('.', 1)[1]}: {sum(x.survived for x in results.values())} survived")
+                bar.set_postfix_str(f"{job.mutant.exercise.split('.', 1)[1]}: "
+                                    f"{sum(x.survived for x in results.values())} survived")
     if bar:
         bar.close()
-    all_mutants = [m for ms in by_exercise.values() for m in ms]
-    return report(slug, ids, results, records, stale_equivalents(slug, all_mutants) if exercises is None else [],
-                  jobs=jobs, seconds=time.perf_counter() - t0, operator_names=list(ops))
+    return records
 
 
-def report(slug, ids, results, records, stale, *, jobs, seconds, operator_names) -> dict:
+def region_hash(source: str) -> str:
+    """sha256 of the lines of an answer cell's solution regions: the text its mutants are edits of."""
+    import hashlib
+
+    lines = source.splitlines()
+    return hashlib.sha256("\n".join(lines[i - 1] for i in sorted(solution_lines(source))).encode()).hexdigest()
+
+
+def report(slug, ids, results, records, stale, *, jobs, seconds, operator_names, regions=None,
+           incremental=None) -> dict:
     import importlib.metadata as md
 
     order = {i: k for k, i in enumerate(ids)}
@@ -568,6 +605,8 @@ def report(slug, ids, results, records, stale, *, jobs, seconds, operator_names)
                                                                      "timeouts")}, "score": total.score},
         "exercises": per_ex,
         "stale_equivalents": stale,
+        **({"regions": regions} if regions else {}),  # owner exercise -> region_hash of its answer cell
+        **({"incremental": incremental} if incremental else {}),
         "mutants": [_row(r) for r in records],
     }
 
@@ -597,9 +636,18 @@ def markdown(rep: dict) -> str:
     lines = [f"# Mutation testing: {rep['chapter']} ({rep['date']})", "",
              f"{rep['library']}, {rep['operators']} operators, over each exercise's solution region; "
              f"{rep['jobs']} worker processes, {rep['seconds']:.0f} s in all. A timeout counts as killed; the "
-             f"score is killed / (mutants - equivalent). Produced by `make mutation CHAPTER={rep['chapter']}`.", "",
+             f"score is killed / (mutants - equivalent). Produced by "
+             + (f"`python bench/mutation.py --survivors-from {rep['incremental']['from'].split(' (')[0]}`."
+                if rep.get("incremental") else f"`make mutation CHAPTER={rep['chapter']}`."), "",
              "| exercise | mutants | killed (visible / hidden / cell) | survived | equivalent | timeouts | score |",
              "|---|---:|---:|---:|---:|---:|---:|"]
+    if rep.get("incremental"):
+        inc = rep["incremental"]
+        lines[2:2] = [f"**An incremental run**, not a full one: only the {inc['retested']} mutants that survived (or were "
+                      f"recorded equivalent) in `{inc['from']}` were judged again, in {rep['seconds']:.0f} s; the other "
+                      f"{inc['carried']} verdicts (killed or timed out) are carried over from it. The full run they come "
+                      f"from: `{inc['full_run']['report']}` ({inc['full_run']['date']}, {inc['full_run']['seconds']:.0f} s). "
+                      f"{inc['why']}", ""]
     for e in rep["exercises"]:
         by = e["killed_by"]
         note = " (visible cases only)" if e["visible_only"] else ""
