@@ -76,9 +76,6 @@ def test_student_stub_fails_with_not_implemented_message(key, ex):
 
 @pytest.mark.parametrize("ex_id, name, source, expect", BUGS, ids=[f"{b[0]}-{b[1]}" for b in BUGS])
 def test_known_bug_is_rejected_with_a_teaching_message(ex_id, name, source, expect):
-    if (ex_id, name) == ("dispatch.cpp_op", "fake_keeps_strides") and \
-            tuple(int(p) for p in __import__("torch").__version__.split(".")[:2]) < (2, 13):
-        pytest.xfail("torch 2.11: opcheck does not compare a fake kernel's strides; not yet handled")
     failure = rejects(ex_id, source)
     assert failure is not None, f"{ex_id}: the checker accepted the known bug {name!r}"
     text = str(failure)

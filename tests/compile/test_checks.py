@@ -333,18 +333,9 @@ def test_bad_specs_raise_clear_errors():
 def test_inductor_builds_inside_the_sandbox():
     """No check compiles with Inductor in the sandbox, but a student's code may: g++ is there (under
     bubblewrap too), the cache is the job's own folder, and the precompiled header (bigger than the
-    sandbox's file-size limit) is off."""
-    import inspect
-
-    import torch._inductor.config as inductor_config
-
+    sandbox's file-size limit) is off: by TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0 on torch 2.13, by the
+    harness setting Inductor's config when student code imports it on torch 2.11 (no such variable there)."""
     from ptinternals.grading.sandbox import SandboxConfig, cleanup, run_job
-
-    if "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in inspect.getsource(inductor_config):
-        # torch 2.11: the header is always built (no environment switch), and its 120-160 MB exceed the
-        # sandbox's RLIMIT_FSIZE, so g++ fails there: student code cannot use Inductor's C++ in the sandbox
-        pytest.skip("this torch has no TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS: the sandbox cannot build "
-                    "Inductor's precompiled header")
 
     cell = ("import torch\nout = torch.compile(lambda x: (x.sin() * 2).relu())(torch.ones(8))\n"
             "print('INDUCTOR', float(out.sum()))\n")

@@ -115,3 +115,21 @@ def test_opcheck_and_compile_on_cuda():
     assert set(torch.library.opcheck(fused_bias_gelu, (x, b)).values()) == {"SUCCESS"}
     compiled = torch.compile(lambda x, b: fused_bias_gelu(x, b), backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x, b), F.gelu(x + b))
+
+
+def test_fake_layout_check_compares_significant_strides_on_every_torch():
+    """The course's own fake-vs-real check (opcheck compares CPU strides only from torch 2.13 on)."""
+    from ptinternals.checks.dispatch import layout_problem
+
+    def layout(shape, real, fake, dtypes=("float32", "float32")):
+        return {"real": [list(shape), list(real), dtypes[0]], "fake": [list(shape), list(fake), dtypes[1]]}
+
+    assert layout_problem(layout((4, 3), (1, 4), (1, 4)), (4, 3)) is None
+    assert "strides included" in layout_problem(layout((4, 3), (1, 4), (3, 1)), (4, 3))
+    assert "dim 0" in layout_problem(layout((4, 3), (1, 4), (3, 1)), (4, 3))
+    assert layout_problem(layout((4, 1), (1, 4), (1, 1)), (4, 1)) is None     # a size-1 dim's stride: free
+    assert layout_problem(layout((0, 3), (1, 0), (3, 1)), (0, 3)) is None     # an empty result: any strides
+    assert "dtype float64" in layout_problem(layout((2,), (1,), (1,), ("float32", "float64")), (2,))
+    assert "RuntimeError" in layout_problem({"real": [[2], [1], "float32"], "fake": "RuntimeError: no"}, (2,))
+    assert "could not read" in layout_problem({"real": [[2], [1], "float32"], "fake": [[2], ["1"], "float32"]}, (2,))
+    assert "could not read" in layout_problem(None, (2,))

@@ -63,8 +63,6 @@ def test_a_tampered_result_file_is_refused_and_harms_no_one(attack, tmp_path):
     assert_victim_graded("strides", PLAIN, tmp_path)
 
 
-@pytest.mark.xfail(tuple(int(p) for p in __import__("torch").__version__.split(".")[:2]) < (2, 13), strict=False,
-                   reason="torch 2.11 (the GPU machine's toolchain): the sandbox exits 1 on these tampered array results; not yet diagnosed")
 @needs_bwrap
 @pytest.mark.parametrize("attack, code", [
     ("array_header_lies", "import glob\n"
@@ -127,8 +125,6 @@ def test_progress_lines_are_not_trusted(tmp_path):
     assert_victim_graded("strides", PLAIN, tmp_path)
 
 
-@pytest.mark.xfail(tuple(int(p) for p in __import__("torch").__version__.split(".")[:2]) < (2, 13), strict=False,
-                   reason="torch 2.11 (the GPU machine's toolchain): the sandbox exits 1 on these tampered array results; not yet diagnosed")
 @needs_bwrap
 def test_a_meta_tensor_result_is_a_wrong_answer_not_a_crash(tmp_path):
     code = body("""
@@ -141,8 +137,6 @@ def test_a_meta_tensor_result_is_a_wrong_answer_not_a_crash(tmp_path):
     assert results["strides.im2col"].passed
 
 
-@pytest.mark.xfail(tuple(int(p) for p in __import__("torch").__version__.split(".")[:2]) < (2, 13), strict=False,
-                   reason="torch 2.11 (the GPU machine's toolchain): the sandbox exits 1 on these tampered array results; not yet diagnosed")
 @needs_bwrap
 def test_a_huge_result_costs_only_its_exercise(tmp_path):
     code = body("""

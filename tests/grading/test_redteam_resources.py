@@ -151,3 +151,22 @@ def test_grades_of_record_refuse_process_isolation(course, capsys):
     err = capsys.readouterr().err
     assert "--allow-weak-isolation" in err and "process isolation" in err
     assert not (course / "autograder" / "reports" / "ada").exists()  # nothing was graded
+
+
+def test_a_torch_jobs_address_space_limit_is_on_top_of_torchs_own_mappings():
+    """RLIMIT_AS counts mappings: PyPI's CUDA build of torch maps about 3 GiB at import, with no GPU in sight.
+    The grader measures that once (a fresh interpreter, as the harness starts) and adds it to a torch job's
+    limit, so memory_mb is the submission's on every build; a 1.5 GiB limit once killed every torch job of
+    torch 2.11+cu130 at `import torch` (tests/grading/test_redteam_output.py grades such jobs)."""
+    import subprocess
+    import sys
+
+    from ptinternals.grading.isolation import torch_address_space_mb
+
+    mapped = torch_address_space_mb()
+    code = "import numpy, torch; print(torch.ones(4).sum().item())"
+    limited = subprocess.run([sys.executable, "-c", f"import resource; m = {mapped} << 20; "
+                              f"resource.setrlimit(resource.RLIMIT_AS, (m + (256 << 20),) * 2); exec({code!r})"],
+                             capture_output=True, text=True, timeout=120, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert 100 < mapped < 16384, mapped
+    assert limited.stdout.strip() == "4.0", limited.stderr[-500:]

@@ -1,19 +1,23 @@
 """Trace analysis against torch: op_stats on real CPU traces agree with prof.key_averages() (self and
 total time, counts); nesting, GPU gaps and kernel attribution on hand-built traces with boundary cases."""
 import gzip
+import inspect
 import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.autograd.profiler_util import FunctionEvent
 
 from ptinternals.profiling.trace_analysis import (
+    HOST_CATEGORIES,
     build_tree,
     busy_intervals,
     compare_with_key_averages,
     complete_events,
     gpu_idle_gaps,
     gpu_utilization,
+    key_averages_categories,
     keys_inside_steps,
     load_trace,
     op_stats,
@@ -32,16 +36,21 @@ def test_op_stats_agree_with_key_averages(cpu_trace):
     assert all(s.self_us <= s.total_us + 1e-6 for s in stats.values())
 
 
-@pytest.mark.xfail(tuple(int(p) for p in __import__("torch").__version__.split(".")[:2]) < (2, 13), strict=False,
-                   reason="torch 2.11: the profiler's trace holds python_function events key_averages handles differently; not yet handled")
 def test_op_stats_with_python_frames_agree_too(cpu_trace_with_stack):
-    path, _, key_averages = cpu_trace_with_stack
-    inside = keys_inside_steps(path)
+    """torch 2.13's key_averages() counts Python frames as events, torch 2.11's leaves them out: op_stats
+    agrees with the installed torch's table through key_averages_categories, and the other rule does not."""
+    path, data, key_averages = cpu_trace_with_stack
+    counted = key_averages_categories(path)
+    assert ("python_function" in counted) == ("is_python_function" in inspect.signature(FunctionEvent).parameters)
+    inside = keys_inside_steps(path, host_categories=counted)
     assert {"forward", "backward", "optimizer", "aten::addmm"} <= inside
-    assert compare_with_key_averages(op_stats(path), key_averages, keys=inside) == []
-    # ignoring the Python frames gives the ops back the frames' time: their self times no longer agree
-    without = op_stats(path, host_categories=("cpu_op", "user_annotation"))
-    assert compare_with_key_averages(without, key_averages, abs_us=0.5, rel=0.0, keys=inside) != []
+    assert compare_with_key_averages(op_stats(path, host_categories=counted), key_averages, keys=inside) == []
+    # the other rule moves time between the ops and the frames: their self times no longer agree
+    other = HOST_CATEGORIES if "python_function" in counted else HOST_CATEGORIES + ("python_function",)
+    assert compare_with_key_averages(op_stats(path, host_categories=other), key_averages, abs_us=0.5, rel=0.0,
+                                     keys=inside) != []
+    # op_stats' default is 2.13's rule on every torch
+    assert op_stats(path) == op_stats(path, host_categories=HOST_CATEGORIES + ("python_function",))
 
 
 def test_self_times_add_up_to_the_step(cpu_trace):

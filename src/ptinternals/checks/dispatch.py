@@ -14,6 +14,7 @@ Where the truth comes from (never from this package's reference implementation):
 """
 from __future__ import annotations
 
+import math
 import warnings
 from functools import lru_cache
 
@@ -890,6 +891,32 @@ def expected_custom_op(shape, dtype_name, full, values="normal"):
     return result
 
 
+def layout_problem(layout, shape) -> str | None:
+    """The fake kernel's result against the real one on the same (non-contiguous) x: shape, dtype and the
+    strides of every dim longer than 1 (none when the result is empty), the rule of torch's
+    ``check_significant_strides``. The course checks this itself on every case: ``opcheck`` compares fake
+    strides on CPU tensors only from torch 2.13 on."""
+    if not isinstance(layout, dict) or not isinstance(layout.get("real"), list):
+        return f"the grader could not read the real result's layout: {describe(layout)}"
+    real, fake = layout["real"], layout.get("fake")
+    on = f"on x of shape {tuple(shape)} with x's own strides (non-contiguous when it has 2 dims or more)"
+    if not (isinstance(fake, list) and len(fake) == 3):
+        return f"under FakeTensorMode {on} the op gives {describe(fake)}"
+    (rs, rst, rd), (fs, fst, fd) = real, fake
+    if not all(isinstance(v, list) and len(v) == len(rs) and all(type(n) is int for n in v) for v in (rs, rst, fst)):
+        return f"the grader could not read the layouts: real {describe(real)}, fake {describe(fake)}"
+    if fs != rs or fd != rd:
+        return (f"under FakeTensorMode {on} the fake kernel gives shape {tuple(fs)}, dtype {fd}; "
+                f"the real kernel returns shape {tuple(rs)}, dtype {rd}")
+    numel = math.prod(rs)
+    for dim, (size, a, b) in enumerate(zip(rs, rst, fst, strict=True)):
+        if numel > 0 and size > 1 and a != b:
+            return (f"under FakeTensorMode {on} the fake kernel gives strides {tuple(fst)}, the real kernel returns "
+                    f"strides {tuple(rst)} (first difference at dim {dim}): the fake kernel must describe the "
+                    f"tensor the kernel returns, strides included")
+    return None
+
+
 def op_label(shape, dtype_name, full, values="normal"):
     what = "values, gradients, fake kernel, dispatch table" + (", opcheck, torch.compile" if full else "")
     kind = "" if values == "normal" else f", {values} values"
@@ -953,6 +980,9 @@ class CustomOpExercise(Exercise):
             if g != e:
                 return (f"under FakeTensorMode on {device!r} the op gives {describe(g)}\n"
                         f"  expected (shape, dtype, device) {e}")
+        problem = layout_problem(got.get("layout"), case.args[0])
+        if problem:
+            return problem
         for key, kind in expected["table"].items():
             if got["table"].get(key) != kind:
                 return f"the dispatch table entry for {key} is {got['table'].get(key)!r}, expected {kind!r}"
@@ -1079,7 +1109,8 @@ class CppOpExercise(CustomOpExercise):
                 op in BANNED_KERNEL_CALLS for op in got.get("kernel_calls", [])):
             return None  # compare's message already says what is wrong, and the rest follows from it
         opcheck = got.get("opcheck") or {}
-        if "Stride mismatch" in str(opcheck.get("test_faketensor", "")):
+        if "strides included" in (layout_problem(got.get("layout"), case.args[0]) or "") or \
+                "Stride mismatch" in str(opcheck.get("test_faketensor", "")):
             return ("the fake kernel must describe the tensor your C++ kernel returns, strides included: a "
                     "kernel that writes a fresh contiguous tensor (at::empty(x.sizes(), x.options())) needs "
                     "x.new_empty(x.shape), not torch.empty_like(x), which copies x's strides.")

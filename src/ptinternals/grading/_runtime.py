@@ -303,6 +303,40 @@ def _exc_message(e: BaseException) -> str:
     return msg[:MAX_MESSAGE]
 
 
+class _AfterImport:
+    """A meta-path finder that calls ``fix(module)`` once module ``name`` has been imported, then leaves.
+    Used for torch 2.11's Inductor, whose precompiled C++ header (120-160 MB, over the sandbox's file-size
+    limit) has no environment switch: ``cpp_cache_precompile_headers`` is set to False when (if ever)
+    student code imports ``torch._inductor.config``, as 2.13 does from TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS.
+    A convenience, not a defence: student code may undo it, and only fails its own build then."""
+
+    def __init__(self, name: str, fix):
+        self.name, self.fix = name, fix
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module, fix = spec.loader.exec_module, self.fix
+
+        def exec_then_fix(module):
+            exec_module(module)
+            fix(module)
+
+        spec.loader.exec_module = exec_then_fix
+        return spec
+
+
+def _no_precompiled_header(config) -> None:
+    if os.environ.get("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS") == "0":
+        config.cpp_cache_precompile_headers = False
+
+
 # ================================================================================================
 # Forbidden modules (an exercise that must be solved without torch gets a stub instead of torch)
 # ================================================================================================
@@ -463,6 +497,10 @@ def main(job_dir: str, out_dir: str) -> int:
 
         torch.manual_seed(0)
         _data_ptr = torch.UntypedStorage.data_ptr  # noqa: F841  (bound early)
+        if "torch._inductor.config" in sys.modules:
+            _no_precompiled_header(sys.modules["torch._inductor.config"])
+        else:  # importing it costs 2.5 s: only when student code does
+            sys.meta_path.insert(0, _AfterImport("torch._inductor.config", _no_precompiled_header))
     _np = None if plain else sys.modules["numpy"]
     _np_save = None if plain else _np.save
 

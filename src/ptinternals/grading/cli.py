@@ -133,7 +133,7 @@ def enforcement_rows(mode: str, device: str) -> list[tuple[str, str]]:
                  f"mounted over when an exercise forbids them)" if bwrap else
                  "NOT absent: an import hook refuses them (a speed bump, not a guarantee)"))
     rows.append(("memory", f"{lim.memory_mb} MiB per sandbox, tmpfs and shared memory included ({cg_why})" if cg else
-                 f"{lim.memory_mb} MiB per process (RLIMIT_AS); tmpfs and shared memory NOT counted ({cg_why})"))
+                 f"{lim.memory_mb} MiB per process (RLIMIT_AS, beyond what import torch maps); tmpfs and shared memory NOT counted ({cg_why})"))
     rows.append(("processes", f"{lim.nproc} per sandbox (cgroup pids.max and RLIMIT_NPROC of a dedicated uid)" if cg
                  else (f"{lim.nproc} (RLIMIT_NPROC of a dedicated uid)" if root else
                        "NOT limited (no dedicated uid): a fork bomb is stopped by the time limit only")))

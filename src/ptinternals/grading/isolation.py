@@ -370,8 +370,30 @@ def _unshare_network() -> bool:
         return False
 
 
-def preexec(limits, uid: int | None, device: str, isolate_net: bool = False, join=None):
-    """The child's set-up: own session, cgroup (``join``), network namespace, rlimits, then the uid."""
+@lru_cache(maxsize=None)
+def torch_address_space_mb() -> int:
+    """Virtual address space (MiB, ``VmPeak``) of an interpreter that has imported torch and numpy, as the
+    harness of a torch job does before any student code runs; 0 when that cannot be measured.
+
+    ``RLIMIT_AS`` counts mappings, not memory: the CPU wheel of torch 2.13 maps about 0.6 GiB, PyPI's CUDA
+    build (torch 2.11+cu130, the GPU machine's) about 3.1 GiB of shared libraries even with no GPU in sight.
+    A torch job's ``RLIMIT_AS`` is therefore ``memory_mb`` plus this, so ``memory_mb`` means the same on
+    every build (a 1.5 GiB limit no longer stops the CUDA build at ``import torch``)."""
+    code = ("import sys; sys.path[:0] = %r; import numpy, torch\n"
+            "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmPeak:')][0])"
+            % (site_packages_dirs(),))
+    env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
+                              timeout=120, env=env)
+        return -(-int(proc.stdout.split()[-1]) // 1024) if proc.returncode == 0 else 0  # kB, rounded up
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return 0
+
+
+def preexec(limits, uid: int | None, device: str, isolate_net: bool = False, join=None, extra_address_space_mb=0):
+    """The child's set-up: own session, cgroup (``join``), network namespace, rlimits, then the uid.
+    ``extra_address_space_mb``: added to ``RLIMIT_AS`` only (:func:`torch_address_space_mb`)."""
 
     def setup():
         os.setsid()
@@ -383,7 +405,8 @@ def preexec(limits, uid: int | None, device: str, isolate_net: bool = False, joi
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.fsize_mb << 20, limits.fsize_mb << 20))
         if device != "cuda":  # CUDA maps far more virtual memory than it uses: watched by RSS instead
-            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb << 20, limits.memory_mb << 20))
+            address_space = (limits.memory_mb + extra_address_space_mb) << 20
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         if uid is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (limits.nproc, limits.nproc))
             os.setgroups([])

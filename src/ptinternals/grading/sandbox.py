@@ -3,7 +3,7 @@
 Student code runs in a new process (``_runtime.py``) started from here with:
 
 * **limits**: wall time (the process is killed), CPU time (``RLIMIT_CPU``), memory (``RLIMIT_AS`` per
-  process; with a root grader also a cgroup, which counts tmpfs and shared memory too; on a GPU,
+  process, on top of the address space ``import torch`` maps in a torch job; with a root grader also a cgroup, which counts tmpfs and shared memory too; on a GPU,
   where CUDA reserves huge virtual ranges, a resident-memory watchdog instead of ``RLIMIT_AS``),
   process count (cgroup ``pids.max`` and ``RLIMIT_NPROC`` per dedicated uid), file size
   (``RLIMIT_FSIZE``), disk (a size-limited scratch folder, ``/tmp`` and ``/dev/shm``);
@@ -55,6 +55,7 @@ from .isolation import (  # noqa: F401  (re-exported: the sandbox's public names
     preexec,
     resolve_isolation,
     site_packages_dirs,
+    torch_address_space_mb,
     unmount,
 )
 from .resources import cgroup_for, remove_files_of_uid
@@ -64,7 +65,7 @@ from .resources import cgroup_for, remove_files_of_uid
 class Limits:
     wall_s: float = 120.0  # one sandbox run (set per run by the trusted grader from the job)
     cpu_s: int = 240
-    memory_mb: int = 4096  # per process (RLIMIT_AS), and for the whole sandbox with a cgroup
+    memory_mb: int = 4096  # per process (RLIMIT_AS, beyond what import torch maps), the whole sandbox with a cgroup
     nproc: int = 64  # processes and threads of the sandbox
     fsize_mb: int = 64  # one file
     disk_mb: int = 512  # everything written to the scratch (output) folder
@@ -275,11 +276,13 @@ def _run_leased(job, input_arrays, config, mode, root, job_dir, out_dir, site_di
     overstayed = None
     out_fd = outfiles.open_dir(out_dir)
     cgroup = cgroup_for(limits.memory_mb, limits.nproc)
+    # RLIMIT_AS: memory_mb on top of what importing torch maps (3.1 GiB for the CUDA build), never the cgroup's
+    torch_mappings = 0 if plain or config.device == "cuda" else torch_address_space_mb()
     try:
         with cgroup, open(root / "stdout.txt", "wb") as so, open(root / "stderr.txt", "wb") as se:
             proc = subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.PIPE, env=env, cwd=str(out_dir),
                                     preexec_fn=preexec(limits, uid, config.device, isolate_net=not inside,
-                                                       join=cgroup.join_fn()),
+                                                       join=cgroup.join_fn(), extra_address_space_mb=torch_mappings),
                                     close_fds=True)
             try:
                 try:

@@ -9,7 +9,9 @@ duration ``dur``, both in microseconds. Categories written by Kineto:
   ``cuda_runtime``/``cuda_driver`` (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ``cudaStreamSynchronize``);
 - device (one ``tid`` per CUDA stream): ``kernel``, ``gpu_memcpy``, ``gpu_memset``; a kernel's
   ``args["External id"]`` is the ``External id`` of the ``cpu_op`` that launched it;
-- others this module ignores: ``python_function`` (with ``with_stack=True``), ``gpu_user_annotation``,
+- Python frames: ``python_function`` (with ``with_stack=True``), host events for ``op_stats`` as for torch
+  2.13's ``key_averages()`` (:func:`key_averages_categories`: torch 2.11 leaves them out);
+- others this module ignores: ``gpu_user_annotation``,
   flow arrows (``ph`` "s"/"f"), metadata (``ph`` "M").
 
 **Self versus total.** An op's *total* time is its duration; its *self* time is the duration minus
@@ -137,8 +139,9 @@ def op_stats(trace, *, host_categories=None) -> dict[str, OpStats]:
     """Per op name: calls, total and self host time, total and self device time (microseconds).
 
     ``host_categories`` default: ``HOST_CATEGORIES``, plus ``python_function`` when the trace has
-    Python frames (``with_stack=True``): ``key_averages()`` counts those as events too, so they are
-    children that take their time out of the ops' self time."""
+    Python frames (``with_stack=True``): torch 2.13's ``key_averages()`` counts those as events too, so
+    they are children that take their time out of the ops' self time (torch 2.11's does not: compare
+    with a live profiler through :func:`key_averages_categories`)."""
     data = load_trace(trace)
     if host_categories is None:
         has_python = any(e.get("cat") == "python_function" for e in data["traceEvents"])
@@ -236,6 +239,25 @@ def gpu_activity(trace, k: int = 3, min_gap_us: float = 0.0) -> dict:
     """The device rows of a trace in one dict: idle ``gaps``, ``top_kernels`` and ``utilization``."""
     return {"gaps": gpu_idle_gaps(trace, min_gap_us=min_gap_us), "top_kernels": top_kernels(trace, k),
             "utilization": gpu_utilization(trace)}
+
+
+def key_averages_categories(trace) -> tuple[str, ...]:
+    """The host categories the installed torch's ``prof.key_averages()`` counts for ``trace``.
+
+    Kineto exports Python frames (``with_stack=True``) as ``python_function`` events on every torch. torch
+    2.13's ``key_averages()`` counts them as events (``FunctionEvent(is_python_function=...)``): they are
+    children that take their time out of their callers' self time, and have rows of their own. torch 2.11's
+    (the GPU machine's) leaves them out: no rows, and an op's self time includes the frames under it.
+    ``op_stats``' default, like the op_times exercise, follows 2.13 on every torch (the answer depends on
+    the trace alone); pass this as ``host_categories`` to compare with a live profiler's table."""
+    import inspect
+
+    from torch.autograd.profiler_util import FunctionEvent
+
+    data = load_trace(trace)
+    has_python = any(e.get("cat") == "python_function" for e in data["traceEvents"])
+    counted = "is_python_function" in inspect.signature(FunctionEvent).parameters
+    return HOST_CATEGORIES + (("python_function",) if has_python and counted else ())
 
 
 def keys_inside_steps(trace, *, host_categories=None) -> set[str]:

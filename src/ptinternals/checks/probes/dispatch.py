@@ -362,6 +362,7 @@ def op_report(op, shape, dtype_name: str, full: bool, values: str = "normal") ->
         except Exception as e:  # noqa: BLE001
             fake[device] = f"{type(e).__name__}: {str(e)[:300]}"
     report["fake"] = fake
+    report["layout"] = fake_vs_real_layout(op, x, bias, report["out"])
     report["table"] = dispatch_kinds(f"{ns}::fused_bias_gelu")
     if full:
         args = (x.detach().requires_grad_(), bias.detach().requires_grad_())
@@ -377,6 +378,28 @@ def op_report(op, shape, dtype_name: str, full: bool, values: str = "normal") ->
             report["compiled"] = compiled(x, bias)
         except Exception as e:  # noqa: BLE001
             report["compiled"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return report
+
+
+def fake_vs_real_layout(op, x, bias, out) -> dict:
+    """``{"real": meta, "fake": meta or "Error: ..."}``, meta = ``[shape, strides, dtype]``: the real result of
+    ``op(x, bias)`` and the fake kernel's result on FakeTensors with x's own (non-contiguous) strides.
+
+    The course compares them itself (``checks.dispatch.layout_problem``): ``opcheck``'s fake-tensor test
+    compares strides on CPU tensors only from torch 2.13 on (2.11's ``compare_tensor_meta`` calls
+    ``check_significant_strides`` with ``only_cuda=True``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def meta(t):
+        return [list(t.shape), list(t.stride()), str(t.dtype).replace("torch.", "")]
+
+    report = {"real": meta(out) if isinstance(out, torch.Tensor) else f"not a tensor: {type(out).__name__}"}
+    try:
+        with FakeTensorMode() as mode:
+            fo = op(mode.from_tensor(x), mode.from_tensor(bias))
+            report["fake"] = meta(fo) if isinstance(fo, torch.Tensor) else f"not a tensor: {type(fo).__name__}"
+    except Exception as e:  # noqa: BLE001  (a fake kernel that fails is reported by report["fake"] too)
+        report["fake"] = f"{type(e).__name__}: {str(e)[:300]}"
     return report
 
 
