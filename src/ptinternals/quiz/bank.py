@@ -181,8 +181,9 @@ def answer_key(source: dict) -> dict[str, KeyEntry]:
 def find_source(chapter: str) -> Path | None:
     """The instructor's ``solutions/quizzes/<chapter>.yaml`` if this copy of the course has it, else None.
 
-    Looked for under ``$PTINTERNALS_REPO``, then above the working folder, then above this package
-    (an editable install of the repository). The student edition has no ``solutions/``: None there.
+    Looked for under ``$PTINTERNALS_REPO``, then above this package (an editable install of the
+    repository: the course the grader runs from), then above the working folder. The student edition
+    has no ``solutions/``: None there.
     """
     import os
 
@@ -190,7 +191,7 @@ def find_source(chapter: str) -> Path | None:
         raise ValueError(f"chapter must look like 'strides', got {chapter!r}")
     roots = [Path(os.environ["PTINTERNALS_REPO"])] if os.environ.get("PTINTERNALS_REPO") else []
     here = Path.cwd()
-    roots += [here, *here.parents, Path(__file__).resolve().parents[3]]
+    roots += [Path(__file__).resolve().parents[3], here, *here.parents]
     for root in roots:
         path = source_path(chapter, root)
         if path.is_file():
