@@ -1157,6 +1157,9 @@ class FixFragmentation(Exercise):
     title = "diagnose a fragmenting trace and fix it"
     forbid = PLAIN
     timeout_s = 30.0
+    # The check replays the answer through the reference allocator (many fixes are right), so the student
+    # edition cannot judge it: its check says so, and the grader judges it.
+    withheld_from_students = ("compare", "diagnose")
 
     def visible_cases(self):
         return [Case((fragmenting_trace(),), label="fragmenting_trace(): runs out of memory on a 1 GiB GPU")]
@@ -1707,6 +1710,7 @@ EXERCISES = [
     FixFragmentation(),
     MemoryTimeline(),
 ]
-CHAPTER = Chapter("allocator", EXERCISES, sandbox_files=("allocator/scaffold.py", "allocator/device.py"))
+CHAPTER = Chapter("allocator", EXERCISES, sandbox_files=("allocator/scaffold.py", "allocator/device.py"),
+                  student_files=("allocator/config.py",))  # PYTORCH_CUDA_ALLOC_CONF parsing, sizes as text
 
 __all__ = ["CHAPTER", "EXERCISES"]

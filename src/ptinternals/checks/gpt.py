@@ -202,6 +202,7 @@ GPT_BUGS = {
 class GPTForward(Exercise):
     id, entry, points = "gpt.gpt", "GPT", 3
     title = "the GPT model, on fixed weights"
+    withheld_from_students = ("diagnose",)  # it runs a reference GPT forward with each known bug
     probe = f"{PROBE}:gpt_forward"
     timeout_s = 60.0
 

@@ -1,0 +1,274 @@
+"""Is the student edition clean? Look for graded solution code in every file of it, whatever it is called.
+
+A *solution body* is the body of a function (or method) defined in an answer cell of a chapter's
+solution notebook (``solutions/<slug>/<slug>.ipynb``), or in a reference module the edition leaves
+out (``ptinternals/<slug>/*.py``). Bodies are compared **after normalising names and formatting**:
+the docstring dropped, every identifier (variables, arguments, functions and classes defined inside)
+renamed by order of first appearance, string constants emptied, then the AST dumped. A body is found
+when its normalised statements appear, consecutively, in any statement block of any Python text in
+the edition: ``.py`` files, notebook code cells and outputs, Markdown code blocks, JSON strings that
+parse as Python, and the same inside the wheel. Bodies shorter than :data:`MIN_NODES` AST nodes
+(``return a + b``) are listed, not searched: they would match everywhere.
+
+Also searched: every compound statement (loop, ``if``, ``with``, ``try``) of a solution body of at
+least :data:`MIN_FRAGMENT_NODES` nodes, anywhere, so that a solution's core pasted into a longer
+function is found too.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+MIN_NODES = 12
+MIN_FRAGMENT_NODES = 40
+_BLOCKS = ("body", "orelse", "finalbody")
+
+
+@dataclass(frozen=True)
+class Body:
+    origin: str  # "solutions/strides: view_strides" or "ptinternals/strides/meta.py: view_strides"
+    key: str  # the normalised dump of the statement list
+    length: int  # statements
+    first: str  # shape of the first statement (names and strings blanked): a cheap pre-filter
+
+
+@dataclass
+class Finding:
+    origin: str
+    where: str
+    kind: str  # "body" or "fragment"
+
+
+@dataclass
+class ScanReport:
+    files: int = 0
+    texts: int = 0
+    bodies: int = 0
+    fragments: int = 0
+    too_small: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+
+class _Rename(ast.NodeTransformer):
+    """Alpha-rename identifiers by first appearance; blank string constants; drop annotations."""
+
+    def __init__(self):
+        self.names: dict[str, str] = {}
+
+    def _n(self, name: str) -> str:
+        return self.names.setdefault(name, f"v{len(self.names)}")
+
+    def visit_Name(self, node):
+        return ast.copy_location(ast.Name(self._n(node.id), node.ctx), node)
+
+    def visit_arg(self, node):
+        return ast.copy_location(ast.arg(self._n(node.arg), None), node)
+
+    def visit_FunctionDef(self, node):
+        node.name = self._n(node.name)
+        node.returns = None
+        self.generic_visit(node)
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node):
+        node.name = self._n(node.name)
+        self.generic_visit(node)
+        return node
+
+    def visit_Global(self, node):
+        node.names = [self._n(n) for n in node.names]
+        return node
+
+    visit_Nonlocal = visit_Global
+
+    def visit_alias(self, node):
+        if node.asname:
+            node.asname = self._n(node.asname)
+        return node
+
+    def visit_AnnAssign(self, node):
+        self.generic_visit(node)
+        node.annotation = ast.Constant(None)
+        return node
+
+    def visit_Constant(self, node):
+        return ast.Constant("") if isinstance(node.value, str) else node
+
+    def visit_JoinedStr(self, node):
+        return ast.Constant("")
+
+
+class _Blank(_Rename):
+    def _n(self, name: str) -> str:
+        return "_"
+
+
+def _strip_docstring(stmts: list[ast.stmt]) -> list[ast.stmt]:
+    if stmts and isinstance(stmts[0], ast.Expr) and isinstance(getattr(stmts[0], "value", None), ast.Constant) \
+            and isinstance(stmts[0].value.value, str):
+        return stmts[1:]
+    return stmts
+
+
+def _dump(stmts: list[ast.stmt], renamer) -> str:
+    module = ast.Module([ast.parse(ast.unparse(s)).body[0] for s in stmts], [])  # a copy
+    return ast.dump(renamer.visit(module), annotate_fields=False, include_attributes=False)
+
+
+def normalise(stmts: list[ast.stmt]) -> str:
+    return _dump(_strip_docstring(list(stmts)), _Rename())
+
+
+def shape(stmt: ast.stmt) -> str:
+    return _dump([stmt], _Blank())
+
+
+def _count(stmts) -> int:
+    return sum(1 for s in stmts for _ in ast.walk(s))
+
+
+def _functions(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def bodies_of(source: str, origin: str, report: ScanReport | None = None) -> tuple[list[Body], list[Body]]:
+    """The searchable solution bodies and fragments of the functions defined in ``source``."""
+    tree = ast.parse(source)
+    bodies, fragments = [], []
+    for fn in _functions(tree):
+        stmts = _strip_docstring(fn.body)
+        if not stmts:
+            continue
+        where = f"{origin}: {fn.name}"
+        if _count(stmts) < MIN_NODES:
+            if report is not None:
+                report.too_small.append(where)
+            continue
+        bodies.append(Body(where, normalise(stmts), len(stmts), shape(stmts[0])))
+        for node in stmts:
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.For, ast.While, ast.If, ast.With, ast.Try)) and _count([sub]) >= MIN_FRAGMENT_NODES:
+                    fragments.append(Body(f"{where} (a {type(sub).__name__.lower()} block)", normalise([sub]), 1,
+                                          shape(sub)))
+    return bodies, fragments
+
+
+def solution_corpus(root: Path, chapters, withheld_files: list[Path], report: ScanReport) -> tuple[list[Body], list[Body]]:
+    """Bodies of every answer cell of every chapter's solution notebook, and of every withheld reference file."""
+    bodies, fragments = [], []
+    for slug in chapters:
+        nb = nbformat.read(root / "solutions" / slug / f"{slug}.ipynb", as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+                b, f = bodies_of(_python(cell.source), f"solutions/{slug} answer cell "
+                                 f"{cell.metadata['nbgrader'].get('grade_id')}", report)
+                bodies += b
+                fragments += f
+    for path in withheld_files:
+        b, f = bodies_of(path.read_text(), str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
+        bodies += b
+        fragments += f
+    return bodies, fragments
+
+
+def _python(source: str) -> str:
+    return "\n".join(("# " + line) if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+# ---- where Python may hide in the edition -------------------------------------------------------------
+_FENCE = re.compile(r"```(?:python|py|ipython3?)?\n(.*?)```", re.S)
+
+
+def _texts_of_file(name: str, data: bytes):
+    """(label, Python source) pairs found in one file of the edition."""
+    if name.endswith(".py"):
+        yield name, data.decode(errors="replace")
+    elif name.endswith(".ipynb"):
+        nb = nbformat.reads(data.decode(), as_version=4)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code":
+                yield f"{name} cell {i}", _python(cell.source)
+                for out in cell.get("outputs", []):
+                    text = out.get("text") or out.get("data", {}).get("text/plain") or ""
+                    yield f"{name} cell {i} output", "".join(text) if isinstance(text, list) else text
+            else:
+                for block in _FENCE.findall(cell.source):
+                    yield f"{name} cell {i} (markdown)", block
+    elif name.endswith(".md"):
+        for block in _FENCE.findall(data.decode(errors="replace")):
+            yield f"{name} (code block)", block
+    elif name.endswith(".json"):
+        try:
+            tree = json.loads(data)
+        except ValueError:
+            return
+        for s in _strings(tree):
+            if s.count("\n") >= 2:
+                yield f"{name} (a string)", s
+    elif name.endswith((".whl", ".zip")):
+        import io
+
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            for member in z.namelist():
+                yield from ((f"{name}!{label}", text) for label, text in _texts_of_file(member, z.read(member)))
+
+
+def _strings(tree):
+    if isinstance(tree, str):
+        yield tree
+    elif isinstance(tree, list):
+        for v in tree:
+            yield from _strings(v)
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from _strings(v)
+
+
+def _blocks(tree: ast.AST):
+    for node in ast.walk(tree):
+        for name in _BLOCKS:
+            stmts = getattr(node, name, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                yield stmts
+        for handler in getattr(node, "handlers", []) or []:
+            yield handler.body
+
+
+def scan(edition: Path, bodies: list[Body], fragments: list[Body], report: ScanReport) -> ScanReport:
+    """Search every file under ``edition`` for ``bodies`` (consecutive statements) and ``fragments``."""
+    by_first: dict[str, list[Body]] = {}
+    for b in bodies:
+        by_first.setdefault(b.first, []).append(b)
+    frag_by_shape: dict[str, list[Body]] = {}
+    for f in fragments:
+        frag_by_shape.setdefault(f.first, []).append(f)
+    report.bodies, report.fragments = len(bodies), len(fragments)
+    for path in sorted(p for p in edition.rglob("*") if p.is_file() and ".git" not in p.parts):
+        report.files += 1
+        rel = str(path.relative_to(edition))
+        for label, text in _texts_of_file(rel, path.read_bytes()):
+            try:
+                tree = ast.parse(text)
+            except (SyntaxError, ValueError):
+                continue
+            report.texts += 1
+            for stmts in _blocks(tree):
+                shapes = [shape(s) for s in stmts]
+                for i, sh in enumerate(shapes):
+                    for b in by_first.get(sh, ()):
+                        if i + b.length <= len(stmts) and normalise(stmts[i:i + b.length]) == b.key:
+                            report.findings.append(Finding(b.origin, f"{label}, line {stmts[i].lineno}", "body"))
+                    for f in frag_by_shape.get(sh, ()):
+                        if normalise([stmts[i]]) == f.key:
+                            report.findings.append(Finding(f.origin, f"{label}, line {stmts[i].lineno}", "fragment"))
+    return report

@@ -1,0 +1,227 @@
+"""The student edition's parts, without building it: judging code cut from the checks, visible cases as
+data, the notebook analysis (which cells run live, which are recorded) and the clean scan itself."""
+import ast
+import json
+
+import nbformat
+import pytest
+import torch
+
+from ptinternals.edition import manifest
+from ptinternals.edition.checks import CASE_MAKING, EditionError, slice_checks
+from ptinternals.edition.notebooks import analyse
+from ptinternals.edition.scan import ScanReport, bodies_of, normalise, scan
+from ptinternals.grading.exercise import Case, graded_chapters
+from ptinternals.grading.visible import decode_value, encode_value, export_chapter
+
+CHAPTERS = manifest.course_chapters()
+
+
+def _shipped() -> set[str]:
+    files = manifest._expand(manifest.CLIENT_FILES)
+    for ch in CHAPTERS:
+        files += manifest.chapter_files(ch)
+    shipped = {manifest.module_name(f) for f in files if f.endswith(".py")}
+    figures, _ = manifest.figures_that_ship(CHAPTERS, shipped)
+    return shipped | {manifest.module_name(f) for f in figures}
+
+
+SHIPPED = _shipped()
+
+
+def test_every_chapter_is_covered():
+    assert [ch.slug for ch in CHAPTERS] == [ch.slug for ch in graded_chapters()]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda ch: ch.slug)
+def test_checks_keep_judging_code_and_drop_case_making(chapter):
+    sliced = slice_checks(chapter.slug, shipped=SHIPPED, extra_roots={"RankCase", "PerfTarget"})
+    tree = ast.parse(sliced.source)
+    methods = {f"{c.name}.{m.name}" for c in tree.body if isinstance(c, ast.ClassDef)
+               for m in c.body if isinstance(m, ast.FunctionDef)}
+    assert not {m for m in methods if m.split(".")[1] in CASE_MAKING}, "case-drawing or expected-answer code kept"
+    for ex in chapter.exercises:  # every exercise keeps a compare (its own, inherited, or the default)
+        assert type(ex).__name__ in {c.name for c in tree.body if isinstance(c, ast.ClassDef)}
+    for withheld in sliced.withheld:
+        assert withheld in methods  # replaced by a stub, never silently inherited
+    imports = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {i for i in imports if i.split(".")[0] in ("hypothesis", "nbgrader")}
+    compile(sliced.source, f"checks/{chapter.slug}.py", "exec")
+
+
+def test_a_judging_method_that_needs_the_reference_stops_the_build(monkeypatch):
+    from ptinternals.checks import allocator
+
+    monkeypatch.setattr(allocator.FixFragmentation, "withheld_from_students", ())
+    with pytest.raises(EditionError, match="allocator.workloads.*withhold"):
+        slice_checks("allocator", shipped=SHIPPED)
+
+
+def test_only_judging_methods_can_be_withheld(monkeypatch):
+    from ptinternals.checks import strides
+
+    monkeypatch.setattr(strides.SliceView, "withheld_from_students", ("hidden_cases",))
+    with pytest.raises(EditionError, match="can be withheld"):
+        slice_checks("strides", shipped=SHIPPED)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+                and a.storage_offset() == b.storage_offset() and a.requires_grad == b.requires_grad
+                and torch.equal(a.detach(), b.detach()) if a.dtype.is_floating_point is False or not a.isnan().any()
+                else torch.equal(a.detach().nan_to_num(), b.detach().nan_to_num()))
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, Case):
+        return type(a) is type(b) and _same(a.args, b.args) and _same(a.kwargs, b.kwargs) and a.label == b.label \
+            and a.call_text("f") == b.call_text("f")
+    if isinstance(a, float) and a != a:
+        return isinstance(b, float) and b != b
+    return a == b and type(a) is type(b)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda ch: ch.slug)
+def test_visible_cases_and_expected_answers_round_trip_as_data(chapter):
+    data, arrays = export_chapter(chapter)
+    text = json.dumps(data)  # plain JSON: values, never code
+    assert "__dataclass__" not in text or all(q.split(":")[0].startswith("ptinternals.")
+                                              for q in _dataclasses(data))
+    for ex in chapter.exercises:
+        cases, expected = ex.cases_and_expected(hidden=False)
+        recorded = data["exercises"][ex.id]
+        assert _same(list(cases), decode_value(recorded["cases"], arrays)), ex.id
+        assert _same(list(expected), decode_value(recorded["expected"], arrays)), ex.id
+
+
+def _dataclasses(tree):
+    if isinstance(tree, dict):
+        if "__dataclass__" in tree:
+            yield tree["__dataclass__"]
+        for v in tree.values():
+            yield from _dataclasses(v)
+    elif isinstance(tree, list):
+        for v in tree:
+            yield from _dataclasses(v)
+
+
+def test_only_course_dataclasses_are_rebuilt():
+    with pytest.raises(ValueError, match="not a ptinternals dataclass"):
+        decode_value({"__dataclass__": "subprocess:Popen", "fields": {}}, {})
+    with pytest.raises(TypeError, match="only ptinternals dataclasses"):
+        import dataclasses
+
+        encode_value(dataclasses.make_dataclass("Foreign", ["x"])(1), {})
+
+
+# ---- which notebook cells are recorded ------------------------------------------------------------------
+def _nb(*cells):
+    nb = nbformat.v4.new_notebook()
+    for i, (source, meta) in enumerate(cells):
+        cell = nbformat.v4.new_code_cell(source, metadata=meta)
+        cell["id"] = f"c{i}"
+        nb.cells.append(cell)
+    return nb
+
+
+SETUP = {"nbgrader": {"grade_id": "setup", "locked": True}}
+ANSWER = {"nbgrader": {"grade_id": "f_code", "solution": True}}
+SHIPS = {"ptinternals.viz.ok", "ptinternals.grading"}
+
+
+def _available(module, name):
+    return module in SHIPS
+
+
+def test_withheld_names_flow_through_the_notebook():
+    nb = _nb(("import torch\nfrom ptinternals.grading import check\nfrom ptinternals.viz.ref import draw", SETUP),
+             ("x = torch.ones(3)\nprint(x)", {}),  # live
+             ("draw(x)", {}),  # reads a stand-in: recorded
+             ("from ptinternals.chapter import Model\nm = Model()\ny = 2", {}),  # imports the reference: recorded
+             ("def show():\n    return m.run()\n", {}),  # reads m inside a function: recorded
+             ("m = torch.zeros(2)\nprint(m, y)", {}),  # reads y (withheld): recorded, m withheld again
+             ("y = 3\nprint(y)", {}),  # rebinds y from live code: live
+             ("def f(a):\n    return a + 1", ANSWER))
+    plan = analyse(nb, "demo", _available)
+    assert sorted(plan.recorded) == ["c2", "c3", "c4", "c5"]
+    assert plan.standins == {"ptinternals.viz.ref": {"draw"}}
+    assert plan.live == 4  # setup, c1, c6 and the answer cell
+
+
+def test_an_answer_cell_that_needs_the_reference_stops_the_build():
+    nb = _nb(("from ptinternals.chapter import helper", {}), ("def f(a):\n    return helper(a)", ANSWER))
+    with pytest.raises(ValueError, match="answer cell f_code needs \\['helper'\\]"):
+        analyse(nb, "demo", _available)
+
+
+# ---- the scan ---------------------------------------------------------------------------------------------
+SOLUTION = '''
+def contiguous_strides(shape):
+    """Row-major strides."""
+    strides = []
+    running = 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+'''
+RENAMED_AND_REFORMATTED = '''
+def helper(dims):  # another name, other variable names, other layout and comments
+    out = [];   acc = 1
+    for d in reversed(dims):
+        out.append(acc)
+        acc *= max(d,
+                   1)
+    return tuple(reversed(out))
+'''
+PASTED_INSIDE = '''
+def bigger(x):
+    print("hello")
+    res = []
+    r = 1
+    for s in reversed(x):
+        res.append(r)
+        r *= max(s, 1)
+    return tuple(reversed(res))
+'''
+DIFFERENT = '''
+def other(shape):
+    strides = []
+    running = 1
+    for size in shape:
+        strides.append(running)
+        running += size
+    return strides
+'''
+
+
+def _scan(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    report = ScanReport()
+    bodies, fragments = bodies_of(SOLUTION, "solution", report)
+    return scan(tmp_path, bodies, fragments, report)
+
+
+def test_scan_finds_a_solution_body_however_renamed_and_formatted(tmp_path):
+    assert normalise(ast.parse(SOLUTION).body[0].body) == normalise(ast.parse(RENAMED_AND_REFORMATTED).body[0].body)
+    report = _scan(tmp_path, {"a.py": RENAMED_AND_REFORMATTED, "b.py": PASTED_INSIDE, "c.py": DIFFERENT})
+    assert sorted(f.where.split(",")[0] for f in report.findings) == ["a.py", "b.py"]
+
+
+def test_scan_looks_inside_notebooks_markdown_json_and_wheels(tmp_path):
+    import zipfile
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%%recorded x y\n" + RENAMED_AND_REFORMATTED),
+                nbformat.v4.new_markdown_cell("```python\n" + PASTED_INSIDE + "```")]
+    report = _scan(tmp_path, {"n.ipynb": nbformat.writes(nb), "r.json": json.dumps({"text": PASTED_INSIDE}),
+                              "ok.md": "no code here", "ok.py": DIFFERENT})
+    with zipfile.ZipFile(tmp_path / "p.whl", "w") as z:
+        z.writestr("pkg/m.py", RENAMED_AND_REFORMATTED)
+    report = _scan(tmp_path, {})
+    where = sorted({f.where.split(" ")[0].split(",")[0].split("!")[0] for f in report.findings})
+    assert where == ["n.ipynb", "p.whl", "r.json"]
