@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 export PTINTERNALS_REPO := $(CURDIR)
 
-.PHONY: book test lint venv compat compat-venv lab notebooks check-notebooks bench mutation gpu-check gpu-check-dry clean
+.PHONY: book test lint venv compat compat-venv lab notebooks check-notebooks student-edition bench mutation gpu-check gpu-check-dry clean
 
 book: venv
 	PTINTERNALS_STATIC_BOOK=1 .venv/bin/jupyter-book build . --warningiserror --nitpick --keep-going --quiet
@@ -46,6 +46,11 @@ notebooks: venv
 
 check-notebooks: venv
 	$(PY) scripts/build_notebooks.py --check
+
+# For instructors: the student edition (notebooks, student package and wheel; no solutions). See book/instructors.md.
+EDITION_DIR ?= _build/student-edition
+student-edition: venv
+	.venv/bin/ptgrade student-edition --out $(EDITION_DIR)
 
 bench: venv
 	$(PY) bench/run.py

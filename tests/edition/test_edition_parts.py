@@ -139,10 +139,10 @@ def test_withheld_names_flow_through_the_notebook():
     nb = _nb(("import torch\nfrom ptinternals.grading import check\nfrom ptinternals.viz.ref import draw", SETUP),
              ("x = torch.ones(3)\nprint(x)", {}),  # live
              ("draw(x)", {}),  # reads a stand-in: recorded
-             ("from ptinternals.chapter import Model\nm = Model()\ny = 2", {}),  # imports the reference: recorded
+             ("import math\nfrom ptinternals.chapter import Model\nm = Model()\ny = 2", {}),  # the reference: recorded
              ("def show():\n    return m.run()\n", {}),  # reads m inside a function: recorded
              ("m = torch.zeros(2)\nprint(m, y)", {}),  # reads y (withheld): recorded, m withheld again
-             ("y = 3\nprint(y)", {}),  # rebinds y from live code: live
+             ("y = 3\nprint(y, math.pi)", {}),  # rebinds y; math was imported by %%recorded: live
              ("def f(a):\n    return a + 1", ANSWER))
     plan = analyse(nb, "demo", _available)
     assert sorted(plan.recorded) == ["c2", "c3", "c4", "c5"]

@@ -94,7 +94,7 @@ def imports_of(rel: str) -> set[str]:
 def importable(name: str, shipped: set[str]) -> bool:
     """Is course module ``name`` (or ``module.attribute``) available among ``shipped`` modules?"""
     return name == "ptinternals" or any(name == m or name.startswith(m + ".") or m.startswith(name + ".")
-                                        for m in shipped)
+                                        for m in shipped if m != "ptinternals")
 
 
 def figures_that_ship(chapters, shipped: set[str]) -> tuple[list[str], dict[str, list[str]]]:

@@ -105,11 +105,11 @@ def analyse(nb, slug: str, available) -> Plan:
         except SyntaxError as e:
             raise ValueError(f"{slug}: cell {cell.get('id')} is not Python: {e}") from None
         reads_withheld: set[str] = set()
-        bound: set[str] = set()
-        local = set(withheld)  # withheld names as the cell's statements run, in order
+        live = set(withheld)  # withheld names as the cell's statements run live, in order
+        replayed = set(withheld)  # ... as they stand if the cell is recorded: only its imports run
         for stmt in tree.body:
             missing = {b for module, name, b in _course_imports(stmt) if not available(module, name)}
-            uses = _reads(stmt) & local
+            uses = _reads(stmt) & live
             if missing and kind == "setup" and not uses:
                 for module, name, b in _course_imports(stmt):
                     if b in missing and name is not None:
@@ -117,15 +117,19 @@ def analyse(nb, slug: str, available) -> Plan:
                     elif b in missing:
                         raise ValueError(f"{slug}: the locked setup cell imports module {module}, which the student "
                                          f"edition does not ship; import the names it needs instead")
-                withheld |= missing
-                local |= missing
+                live |= missing
+                replayed |= missing
                 continue
             reads_withheld |= missing | uses
-            bound |= _binds(stmt)
-            local = (local | _binds(stmt)) if (missing or uses) else (local - _binds(stmt))
-        # A recorded cell does not run in the edition: everything it binds is withheld after it; a live
-        # cell's bindings are ordinary values again.
-        withheld = (withheld | bound) if reads_withheld else local
+            bound = _binds(stmt)
+            live = (live | bound) if (missing or uses) else (live - bound)
+            # %%recorded runs a recorded cell's top-level imports, name by name (ptinternals.recorded), and
+            # nothing else of it: the names it imports from shipped modules exist after it
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                replayed = (replayed - (bound - missing)) | missing
+            else:
+                replayed |= bound
+        withheld = replayed if reads_withheld else live
         if not reads_withheld:
             plan.live += 1
             continue
@@ -138,7 +142,7 @@ def analyse(nb, slug: str, available) -> Plan:
 
 
 # ---- recording, in the repository's environment ---------------------------------------------------------
-def record(nb, plan: Plan, root: Path, timeout: int = 1800, log=print) -> dict[str, list]:
+def record(nb, plan: Plan, root: Path, timeout: int | None = None, log=print) -> dict[str, list]:
     """The outputs of the recorded cells, from the repository's student notebook run with the reference.
 
     Running a chapter costs what the book's run of it costs (the capstone trains a model for minutes),
@@ -158,7 +162,7 @@ def record(nb, plan: Plan, root: Path, timeout: int = 1800, log=print) -> dict[s
             cells = None
     if cells is None:
         t0 = time.perf_counter()
-        cells = _run(nb, plan, root, timeout)
+        cells = _run(nb, plan, root, timeout or int(os.environ.get("PTINTERNALS_RECORD_TIMEOUT", "3600")))
         how = f"a run ({time.perf_counter() - t0:.0f} s)"
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_text(json.dumps(cells))
@@ -170,8 +174,9 @@ def record(nb, plan: Plan, root: Path, timeout: int = 1800, log=print) -> dict[s
 def _key(nb, slug: str, root: Path) -> str:
     """What the recorded outputs depend on: the notebook and the course code it runs."""
     h = hashlib.sha256(nbformat.writes(nb).encode())
-    for folder in (root / "src" / "ptinternals" / slug, root / "src" / "ptinternals" / "viz"):
-        for path in sorted(folder.rglob("*.py")) if folder.is_dir() else []:
+    package = root / "src" / "ptinternals"
+    for path in sorted((package / slug).rglob("*.py")) + [package / "viz" / f"{slug}.py"]:
+        if path.is_file():
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

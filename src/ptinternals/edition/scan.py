@@ -2,17 +2,21 @@
 
 A *solution body* is the body of a function (or method) defined in an answer cell of a chapter's
 solution notebook (``solutions/<slug>/<slug>.ipynb``), or in a reference module the edition leaves
-out (``ptinternals/<slug>/*.py``). Bodies are compared **after normalising names and formatting**:
+out (``ptinternals/<slug>/*.py``), unless it is public by design: code the repository's student
+notebooks already give (the parts of an answer cell outside its solution) or that the grading sandbox
+ships to student code (scaffolds, probes). Bodies are compared **after normalising names and formatting**:
 the docstring dropped, every identifier (variables, arguments, functions and classes defined inside)
 renamed by order of first appearance, string constants emptied, then the AST dumped. A body is found
 when its normalised statements appear, consecutively, in any statement block of any Python text in
 the edition: ``.py`` files, notebook code cells and outputs, Markdown code blocks, JSON strings that
-parse as Python, and the same inside the wheel. Bodies shorter than :data:`MIN_NODES` AST nodes
-(``return a + b``) are listed, not searched: they would match everywhere.
+parse as Python, and the same inside the wheel. Bodies of fewer than :data:`MIN_NODES` normalised AST
+nodes (``return a + b``) are listed, not searched: they would match everywhere.
 
 Also searched: every compound statement (loop, ``if``, ``with``, ``try``) of a solution body of at
 least :data:`MIN_FRAGMENT_NODES` nodes, anywhere, so that a solution's core pasted into a longer
-function is found too.
+function is found too. Reference modules also hold generic helpers (a type check, a product, an MLP
+builder) that judging code may legitimately share, so their bodies and blocks are searched from
+:data:`MIN_REFERENCE_NODES` and :data:`MIN_REFERENCE_FRAGMENT_NODES` nodes.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import nbformat
 
 MIN_NODES = 12
 MIN_FRAGMENT_NODES = 40
+MIN_REFERENCE_NODES = 25
+MIN_REFERENCE_FRAGMENT_NODES = 60
 _BLOCKS = ("body", "orelse", "finalbody")
 
 
@@ -52,6 +58,7 @@ class ScanReport:
     bodies: int = 0
     fragments: int = 0
     too_small: list[str] = field(default_factory=list)
+    public: list[str] = field(default_factory=list)  # corpus items found in public code, hence not searched
     findings: list[Finding] = field(default_factory=list)
 
 
@@ -118,21 +125,26 @@ def _strip_docstring(stmts: list[ast.stmt]) -> list[ast.stmt]:
     return stmts
 
 
-def _dump(stmts: list[ast.stmt], renamer) -> str:
+def _tree(stmts: list[ast.stmt], renamer) -> ast.Module:
     module = ast.Module([ast.parse(ast.unparse(s)).body[0] for s in stmts], [])  # a copy
-    return ast.dump(renamer.visit(module), annotate_fields=False, include_attributes=False)
+    return renamer.visit(module)
+
+
+def _dump(stmts: list[ast.stmt], renamer) -> str:
+    return ast.dump(_tree(stmts, renamer), annotate_fields=False, include_attributes=False)
 
 
 def normalise(stmts: list[ast.stmt]) -> str:
     return _dump(_strip_docstring(list(stmts)), _Rename())
 
 
+def size(stmts: list[ast.stmt]) -> int:
+    """AST nodes of the normalised statements (an f-string counts as one string)."""
+    return sum(1 for _ in ast.walk(_tree(_strip_docstring(list(stmts)), _Rename()))) - 1
+
+
 def shape(stmt: ast.stmt) -> str:
     return _dump([stmt], _Blank())
-
-
-def _count(stmts) -> int:
-    return sum(1 for s in stmts for _ in ast.walk(s))
 
 
 def _functions(tree: ast.AST):
@@ -141,7 +153,8 @@ def _functions(tree: ast.AST):
             yield node
 
 
-def bodies_of(source: str, origin: str, report: ScanReport | None = None) -> tuple[list[Body], list[Body]]:
+def bodies_of(source: str, origin: str, report: ScanReport | None = None, *, min_nodes: int = MIN_NODES,
+              min_fragment_nodes: int = MIN_FRAGMENT_NODES) -> tuple[list[Body], list[Body]]:
     """The searchable solution bodies and fragments of the functions defined in ``source``."""
     tree = ast.parse(source)
     bodies, fragments = [], []
@@ -150,21 +163,23 @@ def bodies_of(source: str, origin: str, report: ScanReport | None = None) -> tup
         if not stmts:
             continue
         where = f"{origin}: {fn.name}"
-        if _count(stmts) < MIN_NODES:
+        if size(stmts) < min_nodes:
             if report is not None:
                 report.too_small.append(where)
             continue
         bodies.append(Body(where, normalise(stmts), len(stmts), shape(stmts[0])))
         for node in stmts:
             for sub in ast.walk(node):
-                if isinstance(sub, (ast.For, ast.While, ast.If, ast.With, ast.Try)) and _count([sub]) >= MIN_FRAGMENT_NODES:
+                if isinstance(sub, (ast.For, ast.While, ast.If, ast.With, ast.Try)) and size([sub]) >= min_fragment_nodes:
                     fragments.append(Body(f"{where} (a {type(sub).__name__.lower()} block)", normalise([sub]), 1,
                                           shape(sub)))
     return bodies, fragments
 
 
-def solution_corpus(root: Path, chapters, withheld_files: list[Path], report: ScanReport) -> tuple[list[Body], list[Body]]:
-    """Bodies of every answer cell of every chapter's solution notebook, and of every withheld reference file."""
+def solution_corpus(root: Path, chapters, withheld_files: list[Path], report: ScanReport,
+                    public: list[tuple[str, str]] = ()) -> tuple[list[Body], list[Body]]:
+    """Bodies of every answer cell of every chapter's solution notebook, and of every withheld reference file,
+    minus those found in ``public`` ((label, Python text) pairs: code students have by design)."""
     bodies, fragments = [], []
     for slug in chapters:
         nb = nbformat.read(root / "solutions" / slug / f"{slug}.ipynb", as_version=4)
@@ -175,10 +190,25 @@ def solution_corpus(root: Path, chapters, withheld_files: list[Path], report: Sc
                 bodies += b
                 fragments += f
     for path in withheld_files:
-        b, f = bodies_of(path.read_text(), str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
+        b, f = bodies_of(path.read_text(), str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
+                         min_nodes=MIN_REFERENCE_NODES, min_fragment_nodes=MIN_REFERENCE_FRAGMENT_NODES)
         bodies += b
         fragments += f
-    return bodies, fragments
+    found = {f.origin for f in scan_texts(public, bodies, fragments, ScanReport())}
+    report.public = sorted(found)
+    return [b for b in bodies if b.origin not in found], [f for f in fragments if f.origin not in found]
+
+
+def public_texts(root: Path, chapters, sandbox_files: list[Path]) -> list[tuple[str, str]]:
+    """Code students have by design: the repository's student notebooks (what answer cells give) and what
+    the grading sandbox ships to student code (its runtime, the probes, each chapter's scaffolds)."""
+    texts = []
+    for slug in chapters:
+        path = root / "notebooks" / slug / f"{slug}.ipynb"
+        texts += list(_texts_of_file(str(path.relative_to(root)), path.read_bytes()))
+    for path in sandbox_files:
+        texts.append((str(path), path.read_text()))
+    return texts
 
 
 def _python(source: str) -> str:
@@ -246,29 +276,39 @@ def _blocks(tree: ast.AST):
 
 def scan(edition: Path, bodies: list[Body], fragments: list[Body], report: ScanReport) -> ScanReport:
     """Search every file under ``edition`` for ``bodies`` (consecutive statements) and ``fragments``."""
+    report.bodies, report.fragments = len(bodies), len(fragments)
+
+    def texts():
+        for path in sorted(p for p in edition.rglob("*") if p.is_file() and ".git" not in p.parts):
+            report.files += 1
+            yield from _texts_of_file(str(path.relative_to(edition)), path.read_bytes())
+
+    report.findings += scan_texts(texts(), bodies, fragments, report)
+    return report
+
+
+def scan_texts(texts, bodies: list[Body], fragments: list[Body], report: ScanReport) -> list[Finding]:
+    """Search (label, Python text) pairs for ``bodies`` (consecutive statements) and ``fragments``."""
+    findings = []
     by_first: dict[str, list[Body]] = {}
     for b in bodies:
         by_first.setdefault(b.first, []).append(b)
     frag_by_shape: dict[str, list[Body]] = {}
     for f in fragments:
         frag_by_shape.setdefault(f.first, []).append(f)
-    report.bodies, report.fragments = len(bodies), len(fragments)
-    for path in sorted(p for p in edition.rglob("*") if p.is_file() and ".git" not in p.parts):
-        report.files += 1
-        rel = str(path.relative_to(edition))
-        for label, text in _texts_of_file(rel, path.read_bytes()):
-            try:
-                tree = ast.parse(text)
-            except (SyntaxError, ValueError):
-                continue
-            report.texts += 1
-            for stmts in _blocks(tree):
-                shapes = [shape(s) for s in stmts]
-                for i, sh in enumerate(shapes):
-                    for b in by_first.get(sh, ()):
-                        if i + b.length <= len(stmts) and normalise(stmts[i:i + b.length]) == b.key:
-                            report.findings.append(Finding(b.origin, f"{label}, line {stmts[i].lineno}", "body"))
-                    for f in frag_by_shape.get(sh, ()):
-                        if normalise([stmts[i]]) == f.key:
-                            report.findings.append(Finding(f.origin, f"{label}, line {stmts[i].lineno}", "fragment"))
-    return report
+    for label, text in texts:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        report.texts += 1
+        for stmts in _blocks(tree):
+            shapes = [shape(s) for s in stmts]
+            for i, sh in enumerate(shapes):
+                for b in by_first.get(sh, ()):
+                    if i + b.length <= len(stmts) and normalise(stmts[i:i + b.length]) == b.key:
+                        findings.append(Finding(b.origin, f"{label}, line {stmts[i].lineno}", "body"))
+                for f in frag_by_shape.get(sh, ()):
+                    if normalise([stmts[i]]) == f.key:
+                        findings.append(Finding(f.origin, f"{label}, line {stmts[i].lineno}", "fragment"))
+    return findings
