@@ -34,7 +34,7 @@ import nbformat
 from .. import __version__, course
 from . import manifest
 from .checks import EditionError, slice_checks
-from .notebooks import analyse, edition_notebook, record
+from .notebooks import analyse, edition_notebook, record, verify
 from .scan import (
     MIN_REFERENCE_FRAGMENT_NODES,
     MIN_REFERENCE_NODES,
@@ -57,6 +57,7 @@ class Report:
     lines: list[str] = dataclasses.field(default_factory=list)  # EDITION.md
     scan: ScanReport | None = None
     wheel: Path | None = None
+    failed_live: dict = dataclasses.field(default_factory=dict)  # slug -> {cell id: error}: recorded for it
     seconds: dict = dataclasses.field(default_factory=dict)
 
     def say(self, text: str = "") -> None:
@@ -126,7 +127,7 @@ def _standin_module(module: str, names: set[str], needs: list[str]) -> str:
 
 
 def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, chapters: list[str] | None = None,
-          log=print) -> Report:
+          verify_notebooks: bool = True, log=print) -> Report:
     """Build the student edition into ``out`` (emptied first, if it holds a previous edition), with every
     chapter, or only ``chapters`` (slugs: a class that covers part of the course)."""
     t_start = time.perf_counter()
@@ -217,29 +218,58 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
         needs = withheld_figures.get(str(rel), ["the course's reference implementation"])
         _write(src / rel, _standin_module(module, names, needs))
 
+    # Record, write the notebooks, run them with nothing but the edition; a demonstration that fails there
+    # needs the reference in a way no name shows (importing it installs defaults): record it too, again.
     t0 = time.perf_counter()
-    log(f"recording {sum(len(p.recorded) for p in plans.values())} demonstration cells "
-        f"({', '.join(s for s, p in plans.items() if p.recorded)})")
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {slug: pool.submit(record, notebooks[slug], plans[slug], root, log=log) for slug in plans}
-        outputs = {slug: f.result() for slug, f in futures.items()}
-    report.seconds["recording"] = time.perf_counter() - t0
-    for slug, plan in plans.items():
-        (out / "notebooks" / slug).mkdir(parents=True, exist_ok=True)
-        nbformat.write(edition_notebook(notebooks[slug], plan, outputs[slug]), out / "notebooks" / slug / f"{slug}.ipynb")
-        if outputs[slug]:
-            _write(src / "recordings" / f"{slug}.json",
-                   json.dumps({"format": 1, "chapter": slug, "cells": outputs[slug]}, indent=None) + "\n")
+    fails: dict[str, dict[str, str]] = {slug: {} for slug in plans}
+    outputs: dict[str, dict] = {}
+    pending = list(plans)
+    for _attempt in range(4):
+        log(f"recording {sum(len(plans[s].recorded) for s in pending)} demonstration cells "
+            f"({', '.join(s for s in pending if plans[s].recorded) or 'none'})")
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = {slug: pool.submit(record, notebooks[slug], plans[slug], root, log=log) for slug in pending}
+            outputs.update({slug: f.result() for slug, f in futures.items()})
+        for slug in pending:
+            (out / "notebooks" / slug).mkdir(parents=True, exist_ok=True)
+            nbformat.write(edition_notebook(notebooks[slug], plans[slug], outputs[slug]),
+                           out / "notebooks" / slug / f"{slug}.ipynb")
+            if outputs[slug]:
+                _write(src / "recordings" / f"{slug}.json",
+                       json.dumps({"format": 1, "chapter": slug, "cells": outputs[slug]}, indent=None) + "\n")
+        if not verify_notebooks:
+            break
+        log(f"running the edition's notebooks: {', '.join(pending)}")
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = {slug: pool.submit(_verify, out, slug) for slug in pending}
+            try:
+                failed = {slug: f.result() for slug, f in futures.items()}
+            except RuntimeError as e:
+                raise EditionError(str(e)) from None
+        pending = [slug for slug in pending if failed[slug]]
+        if not pending:
+            break
+        for slug in pending:
+            fails[slug].update(failed[slug])
+            log(f"  {slug}: {len(failed[slug])} demonstration(s) fail without the reference: recorded too")
+            plans[slug] = analyse(notebooks[slug], slug, available, fails[slug])
+    else:
+        raise EditionError(f"notebooks still failing in the edition after recording: {pending}")
+    report.seconds["notebooks"] = time.perf_counter() - t0
+    report.failed_live = fails
 
     # 4. The folder's own files.
     _write(out / "pyproject.toml", PYPROJECT.format(version=VERSION))
     _write(out / "README.md", README)
-    _write(out / ".gitignore", "dist/\nbuild/\n*.egg-info/\n.venv/\n*.answers.json\n.ipynb_checkpoints/\n")
+    _write(out / ".gitignore", "dist/\nbuild/\n*.egg-info/\n.venv/\n__pycache__/\n*.answers.json\n.ipynb_checkpoints/\n")
 
     # 5. Everything imports with nothing but the edition.
     t0 = time.perf_counter()
     _import_all(out)
     report.seconds["imports"] = time.perf_counter() - t0
+
+    for cache in sorted(out.rglob("__pycache__"), reverse=True):
+        shutil.rmtree(cache)
 
     # 6. The manifest, then the scan.
     report.files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
@@ -278,6 +308,7 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
                f"searched because students have them by design (the repository's student notebooks give them, or the "
                f"grading sandbox ships them): {len(scan_report.public)}.")
     _write(out / "EDITION.md", "\n".join(report.lines) + "\n")
+    report.files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     if scan_report.findings:
         found = "\n  ".join(f"{f.origin} ({f.kind}) in {f.where}" for f in scan_report.findings[:20])
         raise EditionError(f"solution code found in the student edition ({len(scan_report.findings)}):\n  {found}")
@@ -311,6 +342,11 @@ def _dropped_checks_bodies(slug: str, dropped: list[str]):
     return bodies, fragments
 
 
+def _verify(out: Path, slug: str) -> dict[str, str]:
+    nb = nbformat.read(out / "notebooks" / slug / f"{slug}.ipynb", as_version=4)
+    return verify(nb, slug, out / "src", _site_dirs())
+
+
 def _site_dirs() -> list[str]:
     import site
 
@@ -338,7 +374,7 @@ def _import_all(out: Path) -> None:
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PTINTERNALS_REPO")}
     env.setdefault("TRITON_INTERPRET", "1")
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-I", "-S", "-B", "-c", code], capture_output=True, text=True, env=env,
                           cwd=out, timeout=600)
     if proc.returncode:
         raise EditionError(f"modules of the student edition do not import on their own:\n{proc.stdout}{proc.stderr[-3000:]}")
@@ -412,6 +448,15 @@ def _manifest(report: Report, chapters, files, figures, withheld_figures, lazy, 
         plan = plans[ch.slug]
         why = sorted({n for names in plan.recorded.values() for n in names})
         say(f"| {ch.slug} | {plan.live} | {len(plan.recorded)} | {', '.join(why[:12])}{' ...' if len(why) > 12 else ''} |")
+    failed = [(slug, cid, err) for slug, cells in report.failed_live.items() for cid, err in cells.items()]
+    if failed:
+        say("")
+        say("Recorded because they failed when the edition's notebook ran (they need the reference in a way no")
+        say("name shows, such as defaults its import installs into the scaffold), and the cells after them that")
+        say("use what they define:")
+        say("")
+        for slug, cid, err in failed:
+            say(f"- {slug}, cell `{cid}`: {err}")
     if standins:
         say("")
         say("Stand-ins for names a locked setup cell imports: " +

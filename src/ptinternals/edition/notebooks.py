@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import symtable
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -88,12 +89,18 @@ def _kind(cell) -> str:
     return "plain"
 
 
-def analyse(nb, slug: str, available) -> Plan:
+FAILS_LIVE = "(fails without the reference)"
+
+
+def analyse(nb, slug: str, available, fails_live: dict[str, str] | None = None) -> Plan:
     """Which cells of ``nb`` run live in the edition and which are recorded.
 
     ``available(module, name)`` says whether ``from module import name`` (``name`` None: ``import
-    module``, then attribute access) works in the edition.
+    module``, then attribute access) works in the edition. ``fails_live`` names cells that failed when
+    the edition's notebook ran (:func:`verify`): they depend on the reference in a way no name shows
+    (importing the reference package installs defaults into the scaffold), and are recorded too.
     """
+    fails_live = fails_live or {}
     plan = Plan(slug)
     withheld: set[str] = set()
     for cell in nb.cells:
@@ -129,6 +136,8 @@ def analyse(nb, slug: str, available) -> Plan:
                 replayed = (replayed - (bound - missing)) | missing
             else:
                 replayed |= bound
+        if cell.get("id") in fails_live:
+            reads_withheld.add(FAILS_LIVE)
         withheld = replayed if reads_withheld else live
         if not reads_withheld:
             plan.live += 1
@@ -168,7 +177,7 @@ def record(nb, plan: Plan, root: Path, timeout: int | None = None, log=print) ->
         cached.write_text(json.dumps(cells))
     outputs = _check(plan, nb, cells)
     log(f"  {plan.slug}: {len(outputs)} recorded cells from {how}")
-    return {cid: [nbformat.from_dict(o) for o in outs] for cid, outs in outputs.items()}
+    return {cid: [nbformat.from_dict(_plain_output(o)) for o in outs] for cid, outs in outputs.items()}
 
 
 def _key(nb, slug: str, root: Path) -> str:
@@ -236,6 +245,8 @@ def _run(nb, plan: Plan, root: Path, timeout: int) -> dict[str, list]:
 def _plain_output(output) -> dict:
     """An output as plain data, without execution counts and widget models (they need a live kernel)."""
     out = {k: v for k, v in dict(output).items() if k != "execution_count"}
+    if out.get("output_type") == "execute_result":  # replayed, it is displayed: no execution count
+        out["output_type"] = "display_data"
     if "data" in out:
         out["data"] = {k: v for k, v in out["data"].items() if not k.startswith("application/vnd.jupyter.widget")}
     return json.loads(json.dumps(out))
@@ -268,3 +279,49 @@ def edition_notebook(nb, plan: Plan, outputs: dict[str, list]):
     load["id"] = "student-edition"
     out.cells.insert(at, load)
     return out
+
+
+# ---- running the edition's notebook, with nothing but the edition ---------------------------------------------
+def verify(nb, slug: str, src: Path, site_dirs: list[str], timeout: int = 900) -> dict[str, str]:
+    """Run the edition's notebook in a kernel that sees only ``src`` (the edition's package) and the
+    third-party ``site_dirs``; return ``{cell id: error}`` of the demonstration cells that failed.
+
+    A check cell must fail only with "not implemented yet" (the stubs), and setup, answer and quiz
+    cells must not fail at all: anything else stops the build.
+    """
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+    from nbclient import NotebookClient
+
+    work = copy.deepcopy(nb)
+    with tempfile.TemporaryDirectory(prefix=f"ptverify-{slug}-") as tmp:
+        spec = Path(tmp) / "kernelspecs" / "edition"
+        spec.mkdir(parents=True)
+        boot = (f"import sys; sys.path[:0] = {[str(src)] + list(site_dirs)!r}; "
+                "from ipykernel import kernelapp; kernelapp.launch_new_instance()")
+        spec.joinpath("kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, "-I", "-S", "-B", "-c", boot, "-f", "{connection_file}"],
+            "display_name": "student edition", "language": "python"}))
+        ksm = KernelSpecManager()
+        ksm.kernel_dirs = [str(spec.parent)]
+        km = AsyncKernelManager(kernel_name="edition", kernel_spec_manager=ksm)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PTINTERNALS_REPO", "PTINTERNALS_STATIC_BOOK")}
+        folder = Path(tmp) / slug
+        folder.mkdir()
+        NotebookClient(work, km=km, timeout=timeout, allow_errors=True,
+                       resources={"metadata": {"path": str(folder)}}).execute(env=env)
+    failed = {}
+    for cell in work.cells:
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        if not errors or cell.cell_type != "code":
+            continue
+        text = f"{errors[0].ename}: {errors[0].evalue}"[:300]
+        kind = _kind(cell)
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id", "")
+        if gid.endswith("_tests") and "not implemented yet" in text:
+            continue
+        if kind != "plain" or cell.source.startswith("%%recorded"):
+            raise RuntimeError(f"{slug}: cell {gid or cell.get('id')} fails in the student edition: {text}")
+        if "raises-exception" not in cell.metadata.get("tags", []):
+            failed[cell["id"]] = text
+    return failed
