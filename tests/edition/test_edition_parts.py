@@ -49,6 +49,14 @@ def test_checks_keep_judging_code_and_drop_case_making(chapter):
     compile(sliced.source, f"checks/{chapter.slug}.py", "exec")
 
 
+def test_a_borrowed_judging_method_keeps_what_it_reads_on_the_borrower():
+    """``Im2Col.compare = SlidingWindows.compare`` reads ``self.banned_calls``: Im2Col's own must stay."""
+    sliced = slice_checks("strides", shipped=SHIPPED)
+    im2col = next(c for c in ast.parse(sliced.source).body if isinstance(c, ast.ClassDef) and c.name == "Im2Col")
+    assert "banned_calls" in {t.id for node in im2col.body if isinstance(node, ast.Assign)
+                              for t in node.targets if isinstance(t, ast.Name)}
+
+
 def test_a_judging_method_that_needs_the_reference_stops_the_build(monkeypatch):
     from ptinternals.checks import allocator
 

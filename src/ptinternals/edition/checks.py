@@ -159,6 +159,20 @@ def slice_checks(slug: str, *, shipped: set[str], extra_roots: set[str] = frozen
     class_nodes = {s.name: s for s in tree.body if isinstance(s, ast.ClassDef) and s.name in exercise_classes}
     members = {name: {m: member for member in node.body for m in _member_name(member)}
                for name, node in class_nodes.items()}
+    all_members = {s.name: {m: member for member in s.body for m in _member_name(member)}
+                   for s in tree.body if isinstance(s, ast.ClassDef)}
+
+    def refs(member) -> set[str]:
+        """Members ``member`` reaches; a borrowed method (``compare = Other.compare``) reaches what the
+        borrowed body reaches, looked up on the borrowing class."""
+        out = _attribute_refs(member, top_classes)
+        value = getattr(member, "value", None)
+        if isinstance(member, ast.Assign) and isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):
+            borrowed = all_members.get(value.value.id, {}).get(value.attr)
+            if borrowed is not None and borrowed is not member:
+                out |= refs(borrowed)
+        return out
+
     kept: dict[str, set[str]] = {name: set() for name in class_nodes}
     stubs: dict[str, set[str]] = {name: set() for name in class_nodes}
     for ex in chapter.exercises:
@@ -180,7 +194,7 @@ def slice_checks(slug: str, *, shipped: set[str], extra_roots: set[str] = frozen
             if owner is None:
                 continue  # defined by Exercise itself (or not at all)
             kept[owner].add(name)
-            todo += [r for r in _attribute_refs(members[owner][name], top_classes) if r not in withheld]
+            todo += [r for r in refs(members[owner][name]) if r not in withheld]
     for cls_name in sorted(stubs):
         result.withheld += [f"{cls_name}.{m}" for m in sorted(stubs[cls_name])]
     new_body: list[ast.stmt] = []

@@ -15,18 +15,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ptgrade", description="Check a chapter notebook before you submit it.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     sp = sub.add_parser("validate", help="check that no answer or test cell was deleted and no test cell edited")
-    sp.add_argument("notebook")
+    sp.add_argument("notebook", nargs="+")
     args = parser.parse_args(argv)
     from .validate import validate_notebook
 
-    problems = validate_notebook(Path(args.notebook))
-    if problems:
-        print("Problems found (the grader restores deleted or edited test cells, but check your work):")
-        for p in problems:
-            print(f"  - {p}")
-        return 1
-    print("OK: every answer cell and test cell is present, and no test cell was edited.")
-    return 0
+    failed = 0
+    for notebook in args.notebook:
+        problems = validate_notebook(Path(notebook))
+        if problems:
+            failed += 1
+            print(f"{notebook}: problems found (the grader restores deleted or edited test cells, but check your work):")
+            for p in problems:
+                print(f"  - {p}")
+        else:
+            print(f"{notebook}: OK: every answer cell and test cell is present, and no test cell was edited.")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
