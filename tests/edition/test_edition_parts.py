@@ -22,6 +22,8 @@ def _shipped() -> set[str]:
     for ch in CHAPTERS:
         files += manifest.chapter_files(ch)
     shipped = {manifest.module_name(f) for f in files if f.endswith(".py")}
+    helpers, _ = manifest.judging_helpers(shipped)
+    shipped |= {manifest.module_name(f) for f in helpers}
     figures, _ = manifest.figures_that_ship(CHAPTERS, shipped)
     return shipped | {manifest.module_name(f) for f in figures}
 
@@ -31,6 +33,12 @@ SHIPPED = _shipped()
 
 def test_every_chapter_is_covered():
     assert [ch.slug for ch in CHAPTERS] == [ch.slug for ch in graded_chapters()]
+
+
+def test_shared_judging_helpers_ship_and_chapter_checks_do_not():
+    helpers, left_out = manifest.judging_helpers({"ptinternals"})
+    assert "checks/source_policy.py" in helpers and not left_out
+    assert not {h for h in helpers if h[len("checks/"):-3] in {ch.slug for ch in CHAPTERS}}
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda ch: ch.slug)
@@ -82,7 +90,7 @@ def _same(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
-        return type(b) is dict and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return type(b) is type(a) and list(a.keys()) == list(b.keys()) and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, Case):
         return type(a) is type(b) and _same(a.args, b.args) and _same(a.kwargs, b.kwargs) and a.label == b.label \
             and a.call_text("f") == b.call_text("f")
@@ -102,6 +110,16 @@ def test_visible_cases_and_expected_answers_round_trip_as_data(chapter):
         recorded = data["exercises"][ex.id]
         assert _same(list(cases), decode_value(recorded["cases"], arrays)), ex.id
         assert _same(list(expected), decode_value(recorded["expected"], arrays)), ex.id
+
+
+def test_containers_keep_their_type():
+    from collections import Counter, OrderedDict
+
+    value = [Counter({"aten::mm": 2}), OrderedDict(b=1, a=2), {3, 1}, frozenset({"x"}), {"k": (1, [2.5])}]
+    arrays: dict = {}
+    back = decode_value(json.loads(json.dumps(encode_value(value, arrays))), arrays)
+    assert back == value and [type(v) for v in back] == [type(v) for v in value]
+    assert list(back[1]) == ["b", "a"] and back[0]["aten::add"] == 0
 
 
 def _dataclasses(tree):

@@ -10,11 +10,13 @@ so a visible check in the edition judges exactly as it does in the repository, w
 ``compare`` and ``diagnose``.
 
 Values are encoded as the grading sandbox encodes them (``_runtime.encode``: tensors keep their
-strides, storage offset, dtype and ``requires_grad``), plus dataclass instances (``Case`` and its
+strides, storage offset, dtype and ``requires_grad``), plus tuples, lists, sets, dicts, ``Counter`` and
+``OrderedDict``, and dataclass instances (``Case`` and its
 subclasses, ``Raises``, a chapter's small records), rebuilt only from ``ptinternals`` dataclasses.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib
 import io
@@ -24,6 +26,8 @@ from pathlib import Path
 from . import _runtime
 
 FORMAT = 1
+# Mappings recorded with their type (a Counter compares like a dict but answers missing keys with 0).
+_MAPPINGS = {cls.__name__: cls for cls in (dict, collections.Counter, collections.OrderedDict)}
 
 
 def encode_value(obj, arrays: dict):
@@ -38,8 +42,11 @@ def encode_value(obj, arrays: dict):
         return {"__tuple__": [encode_value(x, arrays) for x in obj]}
     if type(obj) is list:
         return [encode_value(x, arrays) for x in obj]
-    if type(obj) is dict:
-        return {"__dict__": [[encode_value(k, arrays), encode_value(v, arrays)] for k, v in obj.items()]}
+    if type(obj) in _MAPPINGS.values():
+        items = [[encode_value(k, arrays), encode_value(v, arrays)] for k, v in obj.items()]
+        return {"__dict__": items} if type(obj) is dict else {"__dict__": items, "type": type(obj).__name__}
+    if type(obj) in (set, frozenset):
+        return {"__set__": [encode_value(x, arrays) for x in sorted(obj, key=repr)], "type": type(obj).__name__}
     tree = _runtime.encode(obj, arrays)
     if isinstance(tree, dict) and "__unsupported__" in tree:
         raise TypeError(f"cannot record {type(obj).__module__}.{type(obj).__qualname__} as data: {tree['text']}")
@@ -65,7 +72,10 @@ def decode_value(tree, arrays: dict):
     if "__tuple__" in tree:
         return tuple(decode_value(x, arrays) for x in tree["__tuple__"])
     if "__dict__" in tree:
-        return {decode_value(k, arrays): decode_value(v, arrays) for k, v in tree["__dict__"]}
+        cls = _MAPPINGS[tree.get("type", "dict")]
+        return cls({decode_value(k, arrays): decode_value(v, arrays) for k, v in tree["__dict__"]})
+    if "__set__" in tree:
+        return {"set": set, "frozenset": frozenset}[tree["type"]](decode_value(x, arrays) for x in tree["__set__"])
     return _runtime.decode(tree, arrays, to_torch=True)
 
 
