@@ -147,10 +147,14 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
     chapters = [ch for ch in known if not chapters or ch.slug in chapters]
 
     # 1. What ships as it is.
-    files = manifest._expand(manifest.CLIENT_FILES)
+    left_out = {f"checks/probes/{slug}.py" for slug in course.SLUGS} - {f"checks/probes/{ch.slug}.py" for ch in chapters}
+    files = [f for f in manifest._expand(manifest.CLIENT_FILES) if f not in left_out]  # probes of chapters built
     for ch in chapters:
         files += manifest.chapter_files(ch)
     shipped = {manifest.module_name(f) for f in files if f.endswith(".py")} | {"ptinternals"}
+    helpers, withheld_helpers = manifest.judging_helpers(shipped)
+    files += helpers
+    shipped |= {manifest.module_name(f) for f in helpers}
     figures, withheld_figures = manifest.figures_that_ship(chapters, shipped)
     files += figures
     shipped |= {manifest.module_name(f) for f in figures}
@@ -273,7 +277,8 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
 
     # 6. The manifest, then the scan.
     report.files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    _manifest(report, chapters, files, figures, withheld_figures, lazy, sliced, plans, standins_all(plans))
+    _manifest(report, chapters, files, figures, {**withheld_helpers, **withheld_figures}, lazy, sliced, plans,
+              standins_all(plans))
     t0 = time.perf_counter()
     withheld_files = sorted(p for slug in course.SLUGS if (manifest.PACKAGE / slug).is_dir()
                             for p in (manifest.PACKAGE / slug).rglob("*.py")
@@ -413,11 +418,12 @@ def _manifest(report: Report, chapters, files, figures, withheld_figures, lazy, 
     for f in sorted(files):
         say(f"- `src/ptinternals/{f}`")
     say("")
-    say("Figures (`viz/<slug>.py`) ship when everything they import ships. Left out, with a stand-in where a")
-    say("locked cell imports them (calling one says why; the cells that draw them are recorded):")
+    say("Figures (`viz/<slug>.py`) and the checks' shared judging helpers (`checks/*.py` that are no chapter's")
+    say("checks) ship when everything they import ships. Left out, with a stand-in where a locked cell imports")
+    say("a figure (calling one says why; the cells that draw them are recorded):")
     say("")
     for rel, missing in sorted(withheld_figures.items()):
-        say(f"- `{rel}`: draws with {', '.join(sorted({m.rsplit('.', 1)[0] if m.count('.') > 2 else m for m in missing}))}")
+        say(f"- `{rel}`: needs {', '.join(sorted({m.rsplit('.', 1)[0] if m.count('.') > 2 else m for m in missing}))}")
     if lazy:
         say("")
         say("Shipped modules with a function that imports the reference when called (unusable in the edition):")

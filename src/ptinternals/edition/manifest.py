@@ -9,6 +9,8 @@ student is graded on.** In files:
   recorded demonstrations;
 * every chapter's sandbox files (``Chapter.sandbox_files``: the scaffolds the exercises build on,
   which the grading sandbox ships to student code already) and probes (sandbox side, no solution);
+* the checks' shared judging helpers (``checks/*.py`` that are no chapter's checks, such as
+  ``checks/source_policy.py``: rules on an answer's source) when they import only what ships;
 * every chapter's figures (``viz/<slug>.py``) when they import only what ships;
 * a chapter's ``Chapter.student_files``: reference modules that implement nothing graded, shipped as
   teaching helpers because the notebook demonstrates with them;
@@ -95,6 +97,31 @@ def importable(name: str, shipped: set[str]) -> bool:
     """Is course module ``name`` (or ``module.attribute``) available among ``shipped`` modules?"""
     return name == "ptinternals" or any(name == m or name.startswith(m + ".") or m.startswith(name + ".")
                                         for m in shipped if m != "ptinternals")
+
+
+def _is_chapter_checks(path: Path) -> bool:
+    """Does this checks module define a chapter (``CHAPTER``/``EXERCISES`` at module level)?"""
+    tree = ast.parse(path.read_text())
+    names = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    return bool(names & {"CHAPTER", "EXERCISES"})
+
+
+def judging_helpers(shipped: set[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``checks/*.py`` modules shared by the checks that are no chapter's checks (a chapter's judging code
+    may import them), each shipped when everything it imports ships; the others with what they lack.
+    A chapter's own checks never ship as they are: the edition cuts them down (:mod:`.checks`)."""
+    ok, left_out = [], {}
+    for path in sorted((PACKAGE / "checks").glob("*.py")):
+        if path.name == "__init__.py" or path.stem in course.SLUGS or _is_chapter_checks(path):
+            continue
+        rel = str(path.relative_to(PACKAGE))
+        missing = sorted(n for n in imports_of(rel) if not importable(n, shipped))
+        if missing:
+            left_out[rel] = missing
+        else:
+            ok.append(rel)
+    return ok, left_out
 
 
 def figures_that_ship(chapters, shipped: set[str]) -> tuple[list[str], dict[str, list[str]]]:
