@@ -62,60 +62,67 @@ class ScanReport:
     findings: list[Finding] = field(default_factory=list)
 
 
-class _Rename(ast.NodeTransformer):
-    """Alpha-rename identifiers by first appearance; blank string constants; drop annotations."""
+_RENAMED_FIELD = {"Name": "id", "arg": "arg", "FunctionDef": "name", "AsyncFunctionDef": "name", "ClassDef": "name",
+                  "ExceptHandler": "name", "alias": "asname"}
+_DROPPED = {"arg": ("annotation", "type_comment"), "FunctionDef": ("returns", "type_comment"),
+            "AsyncFunctionDef": ("returns", "type_comment"), "Assign": ("type_comment",),
+            "For": ("type_comment",), "AsyncFor": ("type_comment",), "With": ("type_comment",),
+            "AsyncWith": ("type_comment",)}
 
-    def __init__(self):
+
+class _Key:
+    """The normalised text of statements, read off the syntax tree without copying it: identifiers
+    (variables, arguments, functions and classes defined inside, ``as`` names, ``global`` names) renamed
+    by order of first appearance, string constants and f-strings blanked, annotations dropped.
+    ``blank=True`` writes every identifier as ``_``; ``shallow=True`` writes a nested statement list as
+    its length only (a cheap pre-filter: equal normalised texts always have equal shallow blank ones)."""
+
+    def __init__(self, blank: bool = False, shallow: bool = False):
         self.names: dict[str, str] = {}
+        self.blank, self.shallow = blank, shallow
 
     def _n(self, name: str) -> str:
-        return self.names.setdefault(name, f"v{len(self.names)}")
+        return "_" if self.blank else self.names.setdefault(name, f"v{len(self.names)}")
 
-    def visit_Name(self, node):
-        return ast.copy_location(ast.Name(self._n(node.id), node.ctx), node)
-
-    def visit_arg(self, node):
-        return ast.copy_location(ast.arg(self._n(node.arg), None), node)
-
-    def visit_FunctionDef(self, node):
-        node.name = self._n(node.name)
-        node.returns = None
-        self.generic_visit(node)
-        return node
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node):
-        node.name = self._n(node.name)
-        self.generic_visit(node)
-        return node
-
-    def visit_Global(self, node):
-        node.names = [self._n(n) for n in node.names]
-        return node
-
-    visit_Nonlocal = visit_Global
-
-    def visit_alias(self, node):
-        if node.asname:
-            node.asname = self._n(node.asname)
-        return node
-
-    def visit_AnnAssign(self, node):
-        self.generic_visit(node)
-        node.annotation = ast.Constant(None)
-        return node
-
-    def visit_Constant(self, node):
-        return ast.Constant("") if isinstance(node.value, str) else node
-
-    def visit_JoinedStr(self, node):
-        return ast.Constant("")
-
-
-class _Blank(_Rename):
-    def _n(self, name: str) -> str:
-        return "_"
+    def dump(self, node, out: list) -> None:
+        kind = type(node).__name__
+        if kind == "JoinedStr" or (kind == "Constant" and isinstance(node.value, str)):
+            out.append("C''")
+            return
+        if kind == "Constant":
+            out.append(f"C{node.value!r}")
+            return
+        out.append(kind + "(")
+        renamed, dropped = _RENAMED_FIELD.get(kind), _DROPPED.get(kind, ())
+        if renamed == "name":  # a definition's name is renamed before what it contains
+            out.append((self._n(node.name) if node.name else "None") + ",")
+        for name, value in ast.iter_fields(node):
+            if name in dropped or (name == "name" and renamed == "name"):
+                continue
+            if name == renamed:
+                out.append((self._n(value) if value else "None") + ",")
+            elif kind in ("Global", "Nonlocal") and name == "names":
+                out.append("[" + ",".join(self._n(n) for n in value) + "],")
+            elif kind == "AnnAssign" and name == "annotation":
+                out.append("CNone,")
+            elif isinstance(value, list):
+                if self.shallow and value and isinstance(value[0], ast.stmt):
+                    out.append(f"#{len(value)},")
+                    continue
+                out.append("[")
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        self.dump(item, out)
+                    else:
+                        out.append(repr(item))
+                    out.append(",")
+                out.append("],")
+            elif isinstance(value, ast.AST):
+                self.dump(value, out)
+                out.append(",")
+            else:
+                out.append(f"{value!r},")
+        out.append(")")
 
 
 def _strip_docstring(stmts: list[ast.stmt]) -> list[ast.stmt]:
@@ -125,26 +132,38 @@ def _strip_docstring(stmts: list[ast.stmt]) -> list[ast.stmt]:
     return stmts
 
 
-def _tree(stmts: list[ast.stmt], renamer) -> ast.Module:
-    module = ast.Module([ast.parse(ast.unparse(s)).body[0] for s in stmts], [])  # a copy
-    return renamer.visit(module)
-
-
-def _dump(stmts: list[ast.stmt], renamer) -> str:
-    return ast.dump(_tree(stmts, renamer), annotate_fields=False, include_attributes=False)
+def _dump(stmts: list[ast.stmt], key: _Key) -> str:
+    out: list[str] = []
+    for s in stmts:
+        key.dump(s, out)
+        out.append(";")
+    return "".join(out)
 
 
 def normalise(stmts: list[ast.stmt]) -> str:
-    return _dump(_strip_docstring(list(stmts)), _Rename())
+    return _dump(_strip_docstring(list(stmts)), _Key())
 
 
 def size(stmts: list[ast.stmt]) -> int:
-    """AST nodes of the normalised statements (an f-string counts as one string)."""
-    return sum(1 for _ in ast.walk(_tree(_strip_docstring(list(stmts)), _Rename()))) - 1
+    """AST nodes of the statements, as normalised (an f-string counts as one string, annotations none)."""
+    def count(node) -> int:
+        if isinstance(node, ast.JoinedStr):
+            return 1
+        kind, n = type(node).__name__, 1
+        for name, value in ast.iter_fields(node):
+            if name in _DROPPED.get(kind, ()):
+                continue
+            if kind == "AnnAssign" and name == "annotation":
+                n += 1  # written as a constant
+                continue
+            n += sum(count(item) for item in (value if isinstance(value, list) else [value]) if isinstance(item, ast.AST))
+        return n
+
+    return sum(count(s) for s in _strip_docstring(list(stmts)))
 
 
 def shape(stmt: ast.stmt) -> str:
-    return _dump([stmt], _Blank())
+    return _dump([stmt], _Key(blank=True, shallow=True))
 
 
 def _functions(tree: ast.AST):
