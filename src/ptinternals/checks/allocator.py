@@ -848,6 +848,7 @@ class ReleaseCachedSegments(Exercise):
     tests check against the model's ``empty_cache``."""
 
     id, entry, points = "allocator.release_cached_segments", "release_cached_segments", 1
+    withheld_from_students = ("diagnose",)  # its wrong variants (_release_variant) merge with the reference's ref_merge
     title = "empty_cache: which segments go back to the driver"
     forbid = PLAIN
     probe = KEEPING_INPUTS
@@ -1487,6 +1488,7 @@ class MemoryTimeline(Exercise):
     the real allocator and checks the reserved bytes."""
 
     id, entry, points = "allocator.memory_timeline", "memory_timeline", 3
+    withheld_from_students = ("diagnose",)  # it replays the trace through the reference model, with known mistakes
     title = "your own caching allocator: predict peak reserved memory"
     forbid = PLAIN
     timeout_s = 40.0
