@@ -9,8 +9,8 @@ student is graded on.** In files:
   recorded demonstrations;
 * every chapter's sandbox files (``Chapter.sandbox_files``: the scaffolds the exercises build on,
   which the grading sandbox ships to student code already) and probes (sandbox side, no solution);
-* the checks' shared judging helpers (``checks/*.py`` that are no chapter's checks, such as
-  ``checks/source_policy.py``: rules on an answer's source) when they import only what ships;
+* the checks' shared judging helpers (``checks/*.py`` that are no chapter's checks) when they
+  import only what ships;
 * every chapter's figures (``viz/<slug>.py``) when they import only what ships;
 * a chapter's ``Chapter.student_files``: reference modules that implement nothing graded, shipped as
   teaching helpers because the notebook demonstrates with them;
