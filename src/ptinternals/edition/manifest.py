@@ -42,6 +42,7 @@ CLIENT_FILES = (
     "grading/_runtime.py",
     "grading/compare.py",
     "grading/exercise.py",
+    "grading/policy.py",  # the static rules check() applies to an answer cell's source (stdlib only)
     "grading/visible.py",
     "grading/validate.py",
     "grading/student_cli.py",
