@@ -73,6 +73,34 @@ def test_a_judging_method_that_needs_the_reference_stops_the_build(monkeypatch):
         slice_checks("allocator", shipped=SHIPPED)
 
 
+def test_an_edition_module_imports_only_what_ships():
+    """Exactly what ships: a parent package that ships something is not enough, nor is ``ptinternals`` itself."""
+    shipped = {"ptinternals", "ptinternals.course", "ptinternals.gpt.scaffold", "ptinternals.gpt.config",
+               "ptinternals.grading", "ptinternals.grading.compare"}
+    ok = [("ptinternals", "course"), ("ptinternals.gpt.scaffold", "anything"), ("ptinternals.gpt", "scaffold"),
+          ("ptinternals.gpt.scaffold", None), ("ptinternals.grading", "check"), ("ptinternals", "__version__")]
+    refused = [("ptinternals.gpt.train", "train_step"), ("ptinternals.gpt", "train_step"), ("ptinternals.gpt", "GPT"),
+               ("ptinternals", "gpt"), ("ptinternals.gpt.train", None), ("ptinternals.grading.trusted", "grade"),
+               ("ptinternals.checks.gpt", "TrainStep")]
+    assert [t for t in ok if not manifest.importable(t, shipped)] == []
+    assert [t for t in refused if manifest.importable(t, shipped)] == []
+    assert manifest.importable(("ptinternals.gpt", "GPTConfig"), shipped)  # re-exported from config, which ships
+    assert [m for m in ("torch.fx", "networkx", "json", "IPython.display") if not manifest.third_party_ok(m)] == []
+    assert [m for m in ("hypothesis", "nbgrader", "pytest", "pandas", "cosmic_ray") if manifest.third_party_ok(m)] == []
+
+
+def test_the_judging_code_may_not_import_what_students_lack(monkeypatch):
+    from ptinternals.checks import gpt
+    from ptinternals.edition.checks import _check_import
+
+    stmt = ast.parse("from hypothesis import strategies as st").body[0]
+    with pytest.raises(EditionError, match="needs hypothesis, which students do not install"):
+        _check_import(stmt, stmt.names, "ptinternals.checks.strides", SHIPPED, {}, "strides")
+    monkeypatch.setattr(gpt.TrainStep, "withheld_from_students", ())  # its diagnose reruns the reference train_step
+    with pytest.raises(EditionError, match=r"ptinternals\.gpt\.train\.train_step"):
+        slice_checks("gpt", shipped=SHIPPED | {"ptinternals"})  # 'ptinternals' itself shipping lets nothing through
+
+
 def test_only_judging_methods_can_be_withheld(monkeypatch):
     from ptinternals.checks import strides
 

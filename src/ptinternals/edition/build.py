@@ -161,7 +161,7 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
     for f in sorted(set(files)):
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(manifest.PACKAGE / f, src / f)
-    lazy = {f: sorted(n for n in manifest.imports_of(f) if not manifest.importable(n, shipped))
+    lazy = {f: sorted(manifest.describe(t) for t in manifest.imports_of(f) if not manifest.importable(t, shipped))
             for f in files if f.endswith(".py")}
     lazy = {f: names for f, names in lazy.items() if names}
     _write(src / "__init__.py", f'"""PyTorch Internals, hands-on: the student edition (checks, scaffolds, figures, quizzes).\n\n'

@@ -274,30 +274,27 @@ def slice_checks(slug: str, *, shipped: set[str], extra_roots: set[str] = frozen
 
 
 def _check_import(stmt, aliases, module_name: str, shipped: set[str], why: dict, slug: str) -> None:
-    """A kept import must resolve in the edition: the standard library, third-party packages students have,
-    or a shipped course module."""
-    if isinstance(stmt, ast.ImportFrom):
-        if stmt.level:
-            base = module_name.split(".")[: -stmt.level]
-            target = ".".join(base + ([stmt.module] if stmt.module else []))
-        else:
-            target = stmt.module or ""
-        targets = [target] if stmt.module else [f"{target}.{a.name}" for a in aliases]
-    else:
-        targets = [a.name for a in aliases]
-    for t in targets:
-        root = t.split(".")[0]
-        if root == "ptinternals":
-            if not any(t == m or t.startswith(m + ".") or m.startswith(t + ".") for m in shipped):
+    """A kept import must resolve in the edition, exactly: the standard library, a package students install
+    with the edition (``manifest.THIRD_PARTY``), or a name the edition's course package provides
+    (``manifest.importable``: a shipped module or a re-export of one; a parent package is not enough)."""
+    from . import manifest
+
+    node = ast.ImportFrom(stmt.module, aliases, stmt.level) if isinstance(stmt, ast.ImportFrom) else ast.Import(aliases)
+    for target in manifest.import_targets(node, module_name):
+        module = target[0]
+        first = (aliases[0].asname or aliases[0].name).split(".")[0]
+        if module.split(".")[0] == "ptinternals":
+            if not manifest.importable(target, shipped):
                 names = ", ".join(a.asname or a.name for a in aliases)
-                chain = " <- ".join(_chain(names.split(", ")[0], why))
-                raise EditionError(f"checks/{slug}.py: the judging code needs {names} from {t}, which the student "
-                                   f"edition does not ship (needed by {chain}). Ship {t} as a teaching helper "
-                                   f"(Chapter.student_files) if it implements nothing graded, or withhold the "
+                chain = " <- ".join(_chain(first, why))
+                t = manifest.describe(target)
+                raise EditionError(f"checks/{slug}.py: the judging code needs {names} from {module} ({t}), which the "
+                                   f"student edition does not ship (needed by {chain}). Ship {module} as a teaching "
+                                   f"helper (Chapter.student_files) if it implements nothing graded, or withhold the "
                                    f"method that needs it (Exercise.withheld_from_students).")
-        elif root in ("hypothesis", "nbgrader", "pytest"):
-            raise EditionError(f"checks/{slug}.py: the judging code needs {t}, which students do not install "
-                               f"(needed by {' <- '.join(_chain((aliases[0].asname or aliases[0].name), why))})")
+        elif not manifest.third_party_ok(module):
+            raise EditionError(f"checks/{slug}.py: the judging code needs {module}, which students do not install "
+                               f"with the edition (needed by {' <- '.join(_chain(first, why))})")
 
 
 def _chain(name: str, why: dict) -> list[str]:

@@ -76,28 +76,77 @@ def chapter_files(chapter) -> list[str]:
     return _expand((*chapter.sandbox_files, *getattr(chapter, "student_files", ())))
 
 
-def imports_of(rel: str) -> set[str]:
-    """Absolute names of the course modules file ``rel`` imports (relative imports resolved)."""
+# Third-party packages a student has: the edition's dependencies (its pyproject.toml) and what they bring.
+# torch requires networkx, sympy, jinja2, fsspec, filelock and typing_extensions; ipykernel brings IPython.
+THIRD_PARTY = frozenset({"torch", "numpy", "matplotlib", "ipywidgets", "jupyterquiz", "nbformat", "triton", "IPython",
+                         "ipykernel", "networkx", "sympy", "jinja2", "fsspec", "filelock", "typing_extensions"})
+
+
+def import_targets(node: ast.Import | ast.ImportFrom, module: str) -> list[tuple[str, str | None]]:
+    """``(module, name)`` pairs an import statement in course module ``module`` asks for: ``(m, None)`` for
+    ``import m``, ``(m, n)`` for ``from m import n`` (relative imports resolved)."""
+    if isinstance(node, ast.Import):
+        return [(a.name, None) for a in node.names]
+    if node.level:
+        package = module.split(".")[: len(module.split(".")) - node.level]
+        target = ".".join(package + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    return [(target, a.name) for a in node.names]
+
+
+def imports_of(rel: str) -> set[tuple[str, str | None]]:
+    """The course imports (``(module, name)``, see :func:`import_targets`) of file ``rel``, anywhere in it."""
     path = PACKAGE / rel
-    package = module_name(rel) if rel.endswith("__init__.py") else module_name(rel).rsplit(".", 1)[0]
-    names = set()
+    module = module_name(rel) + (".__init__" if rel.endswith("__init__.py") else "")
+    out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names if a.name.startswith("ptinternals")}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-                names |= {target} if node.module else {f"{target}.{a.name}" for a in node.names}
-            elif (node.module or "").startswith("ptinternals"):
-                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-    return names
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(m, n) for m, n in import_targets(node, module) if m.split(".")[0] == "ptinternals"}
+    return out
 
 
-def importable(name: str, shipped: set[str]) -> bool:
-    """Is course module ``name`` (or ``module.attribute``) available among ``shipped`` modules?"""
-    return name == "ptinternals" or any(name == m or name.startswith(m + ".") or m.startswith(name + ".")
-                                        for m in shipped if m != "ptinternals")
+def _reexports(package: str, shipped: set[str]) -> set[str]:
+    """The names the edition's generated ``__init__`` of a chapter package re-exports: those the
+    repository's ``__init__`` imports from modules that ship."""
+    init = PACKAGE.joinpath(*package.split(".")[1:], "__init__.py")
+    if not init.is_file():
+        return set()
+    return {a.asname or a.name for n in ast.parse(init.read_text()).body
+            if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module and f"{package}.{n.module}" in shipped
+            for a in n.names}
+
+
+def importable(target: tuple[str, str | None], shipped: set[str]) -> bool:
+    """Does the edition provide ``import module`` or ``from module import name`` (``target``), given the
+    course modules it ships (``shipped``: module names of the files it copies)? Exactly: a submodule that
+    ships, a name of a module that ships, or a name a generated package re-exports (the chapter packages
+    and ``ptinternals`` itself are generated: being the parent of a shipped module is not enough)."""
+    module, name = target
+    if name is not None and f"{module}.{name}" in shipped:
+        return True
+    parts = module.split(".")
+    if module == "ptinternals":
+        return name in (None, "__version__", "EDITION")
+    if len(parts) == 2 and parts[1] in course.SLUGS:  # a chapter package: its __init__ is generated
+        if name is None:
+            return any(m.startswith(module + ".") for m in shipped)
+        return name in _reexports(module, shipped)
+    return module in shipped
+
+
+def third_party_ok(module: str) -> bool:
+    """May an edition module import ``module`` (not a course module)? The standard library and the
+    packages a student installs with the edition."""
+    import sys
+
+    root = module.split(".")[0]
+    return root in sys.stdlib_module_names or root in THIRD_PARTY or root == "__future__"
+
+
+def describe(target: tuple[str, str | None]) -> str:
+    module, name = target
+    return module if name is None else f"{module}.{name}"
 
 
 def _is_chapter_checks(path: Path) -> bool:
@@ -117,7 +166,7 @@ def judging_helpers(shipped: set[str]) -> tuple[list[str], dict[str, list[str]]]
         if path.name == "__init__.py" or path.stem in course.SLUGS or _is_chapter_checks(path):
             continue
         rel = str(path.relative_to(PACKAGE))
-        missing = sorted(n for n in imports_of(rel) if not importable(n, shipped))
+        missing = sorted(describe(t) for t in imports_of(rel) if not importable(t, shipped))
         if missing:
             left_out[rel] = missing
         else:
@@ -132,7 +181,7 @@ def figures_that_ship(chapters, shipped: set[str]) -> tuple[list[str], dict[str,
         rel = f"viz/{chapter.slug}.py"
         if not (PACKAGE / rel).is_file():
             continue
-        missing = sorted(n for n in imports_of(rel) if not importable(n, shipped))
+        missing = sorted(describe(t) for t in imports_of(rel) if not importable(t, shipped))
         if missing:
             withheld[rel] = missing
         else:
