@@ -89,6 +89,20 @@ def test_an_edition_module_imports_only_what_ships():
     assert [m for m in ("hypothesis", "nbgrader", "pytest", "pandas", "cosmic_ray") if manifest.third_party_ok(m)] == []
 
 
+def test_every_module_that_ships_imports_only_what_ships():
+    """Anywhere in it, a function's imports included (grading.policy once read isolation's ABSENTABLE)."""
+    files = [f for f in manifest._expand(manifest.CLIENT_FILES) if f.endswith(".py")]
+    for ch in CHAPTERS:
+        files += manifest.chapter_files(ch)
+    files += [f"{m.replace('.', '/')[len('ptinternals/'):]}.py" for m in SHIPPED
+              if m.startswith(("ptinternals.viz.", "ptinternals.checks.")) and not m.startswith("ptinternals.checks.probes")]
+    files = [f for f in files if f.endswith(".py")]
+    unmet = {f: [manifest.describe(t) for t in manifest.imports_of(f) if not manifest.importable(t, SHIPPED)] for f in files}
+    assert {f: n for f, n in unmet.items() if n} == {}
+    third = {f: [m for m in manifest.other_imports_of(f) if not manifest.third_party_ok(m)] for f in files}
+    assert {f: n for f, n in third.items() if n} == {}
+
+
 def test_the_judging_code_may_not_import_what_students_lack(monkeypatch):
     from ptinternals.checks import gpt
     from ptinternals.edition.checks import _check_import

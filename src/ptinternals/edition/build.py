@@ -161,9 +161,20 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
     for f in sorted(set(files)):
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(manifest.PACKAGE / f, src / f)
-    lazy = {f: sorted(manifest.describe(t) for t in manifest.imports_of(f) if not manifest.importable(t, shipped))
-            for f in files if f.endswith(".py")}
-    lazy = {f: names for f, names in lazy.items() if names}
+    # An edition module imports only what ships, anywhere in it (a function's import of the reference runs
+    # in a student's kernel too): a lazy import of a module left out stops the build.
+    unmet = {f: sorted(manifest.describe(t) for t in manifest.imports_of(f) if not manifest.importable(t, shipped))
+             for f in files if f.endswith(".py")}
+    unmet = {f: names for f, names in unmet.items() if names}
+    if unmet:
+        raise EditionError("modules the student edition ships import course code it does not ship:\n  " + "\n  ".join(
+            f"{f}: {', '.join(names)}" for f, names in sorted(unmet.items())))
+    third = {f: sorted({n.split(".")[0] for n in manifest.other_imports_of(f) if not manifest.third_party_ok(n)})
+             for f in files if f.endswith(".py")}
+    third = {f: names for f, names in third.items() if names}
+    if third:
+        raise EditionError("modules the student edition ships import packages students do not install with it:\n  "
+                           + "\n  ".join(f"{f}: {', '.join(names)}" for f, names in sorted(third.items())))
     _write(src / "__init__.py", f'"""PyTorch Internals, hands-on: the student edition (checks, scaffolds, figures, quizzes).\n\n'
            f"The reference implementations, the hidden cases and the grader are part of the full course\n"
            f'repository; see EDITION.md beside this package\'s source."""\n\n__version__ = {VERSION!r}\nEDITION = "student"\n')
@@ -277,7 +288,7 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
 
     # 6. The manifest, then the scan.
     report.files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    _manifest(report, chapters, files, figures, {**withheld_helpers, **withheld_figures}, lazy, sliced, plans,
+    _manifest(report, chapters, files, figures, {**withheld_helpers, **withheld_figures}, sliced, plans,
               standins_all(plans))
     t0 = time.perf_counter()
     withheld_files = sorted(p for slug in course.SLUGS if (manifest.PACKAGE / slug).is_dir()
@@ -404,7 +415,7 @@ def tempfile_dir():
     return tempfile.TemporaryDirectory(prefix="ptedition-")
 
 
-def _manifest(report: Report, chapters, files, figures, withheld_figures, lazy, sliced, plans, standins) -> None:
+def _manifest(report: Report, chapters, files, figures, withheld_figures, sliced, plans, standins) -> None:
     say = report.say
     say(f"# The student edition of PyTorch Internals, hands-on ({VERSION})")
     say("")
@@ -424,12 +435,6 @@ def _manifest(report: Report, chapters, files, figures, withheld_figures, lazy, 
     say("")
     for rel, missing in sorted(withheld_figures.items()):
         say(f"- `{rel}`: needs {', '.join(sorted({m.rsplit('.', 1)[0] if m.count('.') > 2 else m for m in missing}))}")
-    if lazy:
-        say("")
-        say("Shipped modules with a function that imports the reference when called (unusable in the edition):")
-        say("")
-        for f, names in sorted(lazy.items()):
-            say(f"- `{f}`: {', '.join(names)}")
     say("")
     say("## Generated")
     say("")
@@ -488,6 +493,7 @@ dependencies = [
     "ipywidgets>=8",
     "jupyterquiz>=2.9",
     "nbformat>=5",
+    "pyyaml>=6",
 ]
 
 [project.optional-dependencies]

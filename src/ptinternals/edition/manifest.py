@@ -77,9 +77,10 @@ def chapter_files(chapter) -> list[str]:
 
 
 # Third-party packages a student has: the edition's dependencies (its pyproject.toml) and what they bring.
-# torch requires networkx, sympy, jinja2, fsspec, filelock and typing_extensions; ipykernel brings IPython.
+# torch requires networkx, sympy, jinja2, fsspec, filelock and typing_extensions; ipykernel brings IPython; yaml
+# is pyyaml (quiz/bank.py reads an instructor's YAML with it when one is there).
 THIRD_PARTY = frozenset({"torch", "numpy", "matplotlib", "ipywidgets", "jupyterquiz", "nbformat", "triton", "IPython",
-                         "ipykernel", "networkx", "sympy", "jinja2", "fsspec", "filelock", "typing_extensions"})
+                         "ipykernel", "networkx", "sympy", "jinja2", "fsspec", "filelock", "typing_extensions", "yaml"})
 
 
 def import_targets(node: ast.Import | ast.ImportFrom, module: str) -> list[tuple[str, str | None]]:
@@ -104,6 +105,23 @@ def imports_of(rel: str) -> set[tuple[str, str | None]]:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             out |= {(m, n) for m, n in import_targets(node, module) if m.split(".")[0] == "ptinternals"}
     return out
+
+
+def other_imports_of(rel: str) -> set[str]:
+    """The modules other than the course's that file ``rel`` imports, anywhere in it, except optional ones
+    (an import in a ``try`` that catches ImportError: the module works without it)."""
+    module = module_name(rel) + (".__init__" if rel.endswith("__init__.py") else "")
+    tree = ast.parse((PACKAGE / rel).read_text())
+    optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
+                and any(_catches_import_error(h.type) for h in t.handlers)
+                for stmt in t.body for n in ast.walk(stmt)}
+    return {m for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in optional
+            for m, _ in import_targets(node, module) if m.split(".")[0] != "ptinternals"}
+
+
+def _catches_import_error(kind) -> bool:
+    names = {n.id for n in ast.walk(kind) if isinstance(n, ast.Name)} if kind is not None else {"BaseException"}
+    return bool(names & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 
 
 def _reexports(package: str, shipped: set[str]) -> set[str]:

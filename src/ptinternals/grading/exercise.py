@@ -72,6 +72,14 @@ class NotImplementedYet(CheckFailure):
         super().__init__(message, exercise=exercise, category="not-implemented")
 
 
+# The packages a "forbid" makes absent while graded (the sandbox mounts over them), and the names they are
+# installed under (folders and files); a forbidden module not listed here is banned statically (grading.policy).
+ABSENTABLE = {
+    "torch": ("torch", "functorch", "torchgen", "torch.libs"),
+    "numpy": ("numpy", "numpy.libs"),
+}
+
+
 class Exercise:
     """Subclass per exercise. Class attributes describe it; methods produce cases and judge results."""
 
