@@ -11,7 +11,7 @@ book: venv
 	@echo "book built: open _build/html/index.html"
 
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=25
 
 # Lint: ruff over every Python source (notebook sources with notebook rules), then the dead-code check.
 lint: venv
@@ -33,7 +33,7 @@ compat-venv: constraints-gpu.txt
 	  PTI_EXTRAS=triton,grade,dev scripts/bootstrap.sh && echo "$(COMPAT_VENV) ready ($$(($$(date +%s) - t0)) s)"
 
 compat: compat-venv
-	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --durations=15 --ignore=tests/book
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15 --ignore=tests/book
 
 # For students: JupyterLab on the chapter notebooks (quiz answers are saved beside each notebook).
 LAB_DIR ?= notebooks

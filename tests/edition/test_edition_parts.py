@@ -15,6 +15,9 @@ from ptinternals.grading.exercise import Case, graded_chapters
 from ptinternals.grading.visible import decode_value, encode_value, export_chapter
 
 CHAPTERS = manifest.course_chapters()
+# On the end-to-end test's worker (make test: -n 2 --dist loadgroup): its build then reuses the visible cases and
+# expected answers these tests compute (Exercise.cases_and_expected is computed once per process).
+pytestmark = pytest.mark.xdist_group("student-edition")
 
 
 def _shipped() -> set[str]:
@@ -33,6 +36,19 @@ SHIPPED = _shipped()
 
 def test_every_chapter_is_covered():
     assert [ch.slug for ch in CHAPTERS] == [ch.slug for ch in graded_chapters()]
+
+
+def test_committed_recordings_are_current():
+    """The edition's notebooks show these outputs for the demonstrations that need the reference: they must
+    be recorded from the notebooks and course code as they are (refresh: scripts/record_demonstrations.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "record_demonstrations.py"
+    spec = importlib.util.spec_from_file_location("record_demonstrations", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.stale() == [], "run: PYTHONPATH=$PWD/src .venv/bin/python scripts/record_demonstrations.py CHAPTER"
 
 
 def test_shared_judging_helpers_ship_and_chapter_checks_do_not():

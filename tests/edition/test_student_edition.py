@@ -6,9 +6,10 @@ shared site-packages: ``.pth`` files inside that folder are not processed, so th
 editable install is not on the path. Everything then runs from a folder outside the repository, with
 ``PYTHONPATH`` and ``PTINTERNALS_REPO`` unset.
 
-Recording the demonstrations costs a run of the notebooks; with the book built first (as in CI, where
-``make book`` runs these same notebooks) the build takes them from the book's cache. Set
-``PTINTERNALS_EDITION_NO_BOOK=1`` to build without waiting for the book, and
+The demonstrations that need the reference come from the committed recordings only (nothing runs with
+the reference: ``scripts/record_demonstrations.py`` refreshes a stale one, and the fast test
+``test_committed_recordings_are_current`` says which), and the build does not run the notebooks itself:
+the test runs each of them once, in the fresh environment. Set
 ``PTINTERNALS_EDITION_CHAPTERS=strides,autograd`` to build and run only some chapters (debugging).
 """
 import json
@@ -27,9 +28,9 @@ import yaml
 from ptinternals.edition.build import build
 from ptinternals.edition.scan import ScanReport, bodies_of, scan
 from ptinternals.grading.exercise import graded_chapters, load_chapter
-from tests.book.conftest import built_book  # noqa: F401  (a fixture: the book's cache holds the recordings)
 
-pytestmark = pytest.mark.slow
+# One build for the module: under `make test` (-n 2 --dist loadgroup) its tests stay on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("student-edition")]
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = [ch.slug for ch in graded_chapters()
             if ch.slug in os.environ.get("PTINTERNALS_EDITION_CHAPTERS", ch.slug).split(",")]
@@ -43,14 +44,12 @@ def _env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def edition(tmp_path_factory, request):
-    if not os.environ.get("PTINTERNALS_EDITION_NO_BOOK"):
-        request.getfixturevalue("built_book")
+def edition(tmp_path_factory):
     out = tmp_path_factory.mktemp("edition") / "student-edition"
     t0 = time.perf_counter()
     if os.environ.get("PTINTERNALS_EDITION_PREBUILT"):  # debugging: an edition built just before, unchanged
         return _prebuilt(Path(os.environ["PTINTERNALS_EDITION_PREBUILT"]))
-    report = build(out, ROOT, wheel=True, jobs=2, chapters=CHAPTERS)
+    report = build(out, ROOT, wheel=True, jobs=2, chapters=CHAPTERS, committed_only=True, verify_notebooks=False)
     print(f"\nstudent edition built in {time.perf_counter() - t0:.0f} s: "
           + ", ".join(f"{k} {v:.0f} s" for k, v in report.seconds.items()))
     return report

@@ -34,7 +34,7 @@ import nbformat
 from .. import __version__, course
 from . import manifest
 from .checks import EditionError, slice_checks
-from .notebooks import analyse, edition_notebook, record, verify
+from .notebooks import StaleRecording, analyse, committed, edition_notebook, key, record, verify
 from .scan import (
     MIN_REFERENCE_FRAGMENT_NODES,
     MIN_REFERENCE_NODES,
@@ -58,6 +58,7 @@ class Report:
     scan: ScanReport | None = None
     wheel: Path | None = None
     failed_live: dict = dataclasses.field(default_factory=dict)  # slug -> {cell id: error}: recorded for it
+    recordings: dict = dataclasses.field(default_factory=dict)  # slug -> what scripts/record_demonstrations.py commits
     seconds: dict = dataclasses.field(default_factory=dict)
 
     def say(self, text: str = "") -> None:
@@ -127,9 +128,15 @@ def _standin_module(module: str, names: set[str], needs: list[str]) -> str:
 
 
 def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, chapters: list[str] | None = None,
-          verify_notebooks: bool = True, log=print) -> Report:
+          verify_notebooks: bool = True, committed_only: bool = False, fresh: bool = False, log=print) -> Report:
     """Build the student edition into ``out`` (emptied first, if it holds a previous edition), with every
-    chapter, or only ``chapters`` (slugs: a class that covers part of the course)."""
+    chapter, or only ``chapters`` (slugs: a class that covers part of the course).
+
+    The demonstrations that need the reference come from the committed recordings when they are current
+    (:func:`.notebooks.record`); ``committed_only``: from nothing else (a stale one stops the build: no
+    notebook runs with the reference); ``fresh``: not from them (``scripts/record_demonstrations.py``).
+    ``verify_notebooks``: run the edition's notebooks with nothing but the edition (a demonstration that
+    fails there is recorded too); a current committed recording already knows those cells."""
     t_start = time.perf_counter()
     out = Path(out).resolve()
     marker = out / ".student-edition"  # written first: a half-built edition is recognised and replaced too
@@ -140,24 +147,10 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
     _write(marker, f"built by ptgrade student-edition from {root}\n")
     src = out / "src" / "ptinternals"
     report = Report(out)
-    known = [ch for ch in manifest.course_chapters() if (root / "notebooks" / ch.slug / f"{ch.slug}.ipynb").exists()]
-    unknown = sorted(set(chapters or ()) - {ch.slug for ch in known})
-    if unknown:
-        raise EditionError(f"unknown chapters {unknown}; the chapters are: {', '.join(ch.slug for ch in known)}")
-    chapters = [ch for ch in known if not chapters or ch.slug in chapters]
+    chapters = _select(root, chapters)
 
     # 1. What ships as it is.
-    left_out = {f"checks/probes/{slug}.py" for slug in course.SLUGS} - {f"checks/probes/{ch.slug}.py" for ch in chapters}
-    files = [f for f in manifest._expand(manifest.CLIENT_FILES) if f not in left_out]  # probes of chapters built
-    for ch in chapters:
-        files += manifest.chapter_files(ch)
-    shipped = {manifest.module_name(f) for f in files if f.endswith(".py")} | {"ptinternals"}
-    helpers, withheld_helpers = manifest.judging_helpers(shipped)
-    files += helpers
-    shipped |= {manifest.module_name(f) for f in helpers}
-    figures, withheld_figures = manifest.figures_that_ship(chapters, shipped)
-    files += figures
-    shipped |= {manifest.module_name(f) for f in figures}
+    files, shipped, withheld_helpers, figures, withheld_figures = _what_ships(chapters)
     for f in sorted(set(files)):
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(manifest.PACKAGE / f, src / f)
@@ -196,31 +189,8 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
     report.seconds["checks"] = time.perf_counter() - t0
 
     # 3. Notebooks: which cells run live, which are recorded; stand-ins for locked cells.
-    chapter_packages = {f"ptinternals.{ch.slug}" for ch in chapters
-                        if any(m.startswith(f"ptinternals.{ch.slug}.") for m in shipped)}
-    reexports = {}
-    for pkg in chapter_packages:
-        init = manifest.PACKAGE / pkg.split(".")[1] / "__init__.py"
-        tree = ast.parse(init.read_text()) if init.exists() else ast.Module([], [])
-        reexports[pkg] = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 1
-                          and f"{pkg}.{n.module}" in shipped for a in n.names}
-    file_modules = shipped - chapter_packages
-
-    def available(module: str, name: str | None) -> bool:
-        if module == "ptinternals":
-            return name is None or (f"ptinternals.{name}" in file_modules)
-        if module in chapter_packages:
-            return name is not None and (name in reexports[module] or f"{module}.{name}" in file_modules)
-        return module in file_modules
-
-    plans, notebooks = {}, {}
-    for ch in chapters:
-        nb = nbformat.read(root / "notebooks" / ch.slug / f"{ch.slug}.ipynb", as_version=4)
-        notebooks[ch.slug] = nb
-        try:
-            plans[ch.slug] = analyse(nb, ch.slug, available)
-        except ValueError as e:
-            raise EditionError(str(e)) from None
+    chapter_packages, available = _availability(chapters, shipped)
+    notebooks, plans, fails = _plans(root, chapters, available, fresh)
     standins: dict[str, set[str]] = {}
     for plan in plans.values():
         for module, names in plan.standins.items():
@@ -236,15 +206,18 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
     # Record, write the notebooks, run them with nothing but the edition; a demonstration that fails there
     # needs the reference in a way no name shows (importing it installs defaults): record it too, again.
     t0 = time.perf_counter()
-    fails: dict[str, dict[str, str]] = {slug: {} for slug in plans}
     outputs: dict[str, dict] = {}
     pending = list(plans)
     for _attempt in range(4):
         log(f"recording {sum(len(plans[s].recorded) for s in pending)} demonstration cells "
             f"({', '.join(s for s in pending if plans[s].recorded) or 'none'})")
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = {slug: pool.submit(record, notebooks[slug], plans[slug], root, log=log) for slug in pending}
-            outputs.update({slug: f.result() for slug, f in futures.items()})
+            futures = {slug: pool.submit(record, notebooks[slug], plans[slug], root, log=log,
+                                         committed_only=committed_only, fresh=fresh) for slug in pending}
+            try:
+                outputs.update({slug: f.result() for slug, f in futures.items()})
+            except StaleRecording as e:
+                raise EditionError(str(e)) from None
         for slug in pending:
             (out / "notebooks" / slug).mkdir(parents=True, exist_ok=True)
             nbformat.write(edition_notebook(notebooks[slug], plans[slug], outputs[slug]),
@@ -272,6 +245,10 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
         raise EditionError(f"notebooks still failing in the edition after recording: {pending}")
     report.seconds["notebooks"] = time.perf_counter() - t0
     report.failed_live = fails
+    report.recordings = {slug: {"format": 1, "chapter": slug, "key": key(notebooks[slug], slug, root),
+                                "fails_live": fails[slug],
+                                "cells": {cid: [dict(o) for o in outs] for cid, outs in outputs[slug].items()}}
+                         for slug in plans if outputs.get(slug)}
 
     # 4. The folder's own files.
     _write(out / "pyproject.toml", PYPROJECT.format(version=VERSION))
@@ -306,7 +283,10 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
         b, f = _dropped_checks_bodies(slug, s.dropped)
         dropped_bodies += b
         dropped_fragments += f
-    public_hits = {f.origin for f in scan_texts(public, dropped_bodies, dropped_fragments, ScanReport())}
+    # a left-out body that the kept judging code repeats (a nested helper of `expected` written again in a
+    # `compare` helper) ships by design: not searched
+    kept = [(f"checks/{slug}.py (judging code kept)", s.source) for slug, s in sliced.items()]
+    public_hits = {f.origin for f in scan_texts(public + kept, dropped_bodies, dropped_fragments, ScanReport())}
     scan_report.public += sorted(public_hits)
     bodies += [b for b in dropped_bodies if b.origin not in public_hits]
     fragments += [f for f in dropped_fragments if f.origin not in public_hits]
@@ -330,6 +310,73 @@ def build(out: Path, root: Path = ROOT, *, wheel: bool = True, jobs: int = 2, ch
         raise EditionError(f"solution code found in the student edition ({len(scan_report.findings)}):\n  {found}")
     report.seconds["total"] = time.perf_counter() - t_start
     return report
+
+
+def _select(root: Path, chapters: list[str] | None) -> list:
+    known = [ch for ch in manifest.course_chapters() if (root / "notebooks" / ch.slug / f"{ch.slug}.ipynb").exists()]
+    unknown = sorted(set(chapters or ()) - {ch.slug for ch in known})
+    if unknown:
+        raise EditionError(f"unknown chapters {unknown}; the chapters are: {', '.join(ch.slug for ch in known)}")
+    return [ch for ch in known if not chapters or ch.slug in chapters]
+
+
+def _what_ships(chapters):
+    """(files, module names, judging helpers left out, figures, figures left out) for an edition of ``chapters``."""
+    left_out = {f"checks/probes/{slug}.py" for slug in course.SLUGS} - {f"checks/probes/{ch.slug}.py" for ch in chapters}
+    files = [f for f in manifest._expand(manifest.CLIENT_FILES) if f not in left_out]  # probes of chapters built
+    for ch in chapters:
+        files += manifest.chapter_files(ch)
+    shipped = {manifest.module_name(f) for f in files if f.endswith(".py")} | {"ptinternals"}
+    helpers, withheld_helpers = manifest.judging_helpers(shipped)
+    files += helpers
+    shipped |= {manifest.module_name(f) for f in helpers}
+    figures, withheld_figures = manifest.figures_that_ship(chapters, shipped)
+    files += figures
+    shipped |= {manifest.module_name(f) for f in figures}
+    return files, shipped, withheld_helpers, figures, withheld_figures
+
+
+def _availability(chapters, shipped: set[str]):
+    """The chapter packages the edition generates, and ``available(module, name)`` for :func:`.notebooks.analyse`."""
+    chapter_packages = {f"ptinternals.{ch.slug}" for ch in chapters
+                        if any(m.startswith(f"ptinternals.{ch.slug}.") for m in shipped)}
+    reexports = {pkg: manifest._reexports(pkg, shipped) for pkg in chapter_packages}
+    file_modules = shipped - chapter_packages
+
+    def available(module: str, name: str | None) -> bool:
+        if module == "ptinternals":
+            return name is None or (f"ptinternals.{name}" in file_modules)
+        if module in chapter_packages:
+            return name is not None and (name in reexports[module] or f"{module}.{name}" in file_modules)
+        return module in file_modules
+
+    return chapter_packages, available
+
+
+def _plans(root: Path, chapters, available, fresh: bool):
+    """Each chapter's notebook, its plan, and the cells known to fail without the reference (from its
+    committed recording, when current)."""
+    plans, notebooks = {}, {}
+    fails: dict[str, dict[str, str]] = {}
+    for ch in chapters:
+        nb = nbformat.read(root / "notebooks" / ch.slug / f"{ch.slug}.ipynb", as_version=4)
+        notebooks[ch.slug] = nb
+        saved = None if fresh else committed(ch.slug, root)
+        fails[ch.slug] = dict(saved["fails_live"]) if saved and saved.get("key") == key(nb, ch.slug, root) else {}
+        try:
+            plans[ch.slug] = analyse(nb, ch.slug, available, fails[ch.slug])
+        except ValueError as e:
+            raise EditionError(str(e)) from None
+    return notebooks, plans, fails
+
+
+def plans_for(root: Path = ROOT, chapters: list[str] | None = None) -> dict:
+    """``{slug: (notebook, plan)}`` as a build of ``chapters`` would make them (no file written)."""
+    chapters = _select(root, chapters)
+    _, shipped, *_ = _what_ships(chapters)
+    _, available = _availability(chapters, shipped)
+    notebooks, plans, _ = _plans(root, chapters, available, fresh=False)
+    return {slug: (notebooks[slug], plans[slug]) for slug in plans}
 
 
 def standins_all(plans) -> dict[str, set[str]]:

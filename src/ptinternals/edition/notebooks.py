@@ -151,20 +151,48 @@ def analyse(nb, slug: str, available, fails_live: dict[str, str] | None = None) 
 
 
 # ---- recording, in the repository's environment ---------------------------------------------------------
-def record(nb, plan: Plan, root: Path, timeout: int | None = None, log=print) -> dict[str, list]:
+RECORDINGS = Path("src") / "ptinternals" / "edition" / "recordings"  # committed, under the repository's root
+
+
+def committed(slug: str, root: Path) -> dict | None:
+    """The committed recording of ``slug`` (``scripts/record_demonstrations.py`` writes it): ``{"key": the
+    :func:`key` it was recorded at, "cells": {cell id: outputs}, "fails_live": {cell id: error}}``, or None."""
+    path = root / RECORDINGS / f"{slug}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+class StaleRecording(RuntimeError):
+    """A chapter's committed recording does not match its notebook and course code."""
+
+
+def record(nb, plan: Plan, root: Path, timeout: int | None = None, log=print, *, committed_only: bool = False,
+           fresh: bool = False) -> dict[str, list]:
     """The outputs of the recorded cells, from the repository's student notebook run with the reference.
 
     Running a chapter costs what the book's run of it costs (the capstone trains a model for minutes),
-    so the outputs come from, in order: the book's execution cache (``_build/.jupyter_cache``, written
-    by ``make book``, which runs these very notebooks), this builder's own cache
-    (``_build/.edition-recordings``, keyed by the notebook and the chapter's course code), or a run.
+    so the outputs come from, in order: the committed recording (``src/ptinternals/edition/recordings/``,
+    when its key matches the notebook and the chapter's course code; ``scripts/record_demonstrations.py``
+    refreshes it), the book's execution cache (``_build/.jupyter_cache``, written by ``make book``, which
+    runs these very notebooks), this builder's own cache (``_build/.edition-recordings``), or a run.
+    ``committed_only``: no run, a stale or missing committed recording raises :class:`StaleRecording`;
+    ``fresh``: ignore the committed recording (to refresh it).
     """
     if not plan.recorded:
         return {}
-    cells = _from_book_cache(nb, root)
-    how = "the book's execution cache"
-    key = _key(nb, plan.slug, root)
-    cached = root / "_build" / ".edition-recordings" / f"{plan.slug}-{key}.json"
+    k = key(nb, plan.slug, root)
+    saved = None if fresh else committed(plan.slug, root)
+    cells, how = None, ""
+    if saved is not None and saved.get("key") == k and set(plan.recorded) <= set(saved["cells"]):
+        cells, how = saved["cells"], "the committed recording"
+    elif committed_only:
+        raise StaleRecording(f"{plan.slug}: the committed recording of its demonstrations is "
+                             f"{'missing' if saved is None else 'out of date'}: run "
+                             f"`python scripts/record_demonstrations.py {plan.slug}` and commit "
+                             f"{RECORDINGS / (plan.slug + '.json')}")
+    if cells is None:
+        cells = _from_book_cache(nb, root)
+        how = "the book's execution cache"
+    cached = root / "_build" / ".edition-recordings" / f"{plan.slug}-{k}.json"
     if cells is None and cached.is_file():
         cells, how = json.loads(cached.read_text()), "this builder's cache"
         if not set(plan.recorded) <= set(cells):
@@ -180,7 +208,7 @@ def record(nb, plan: Plan, root: Path, timeout: int | None = None, log=print) ->
     return {cid: [nbformat.from_dict(_plain_output(o)) for o in outs] for cid, outs in outputs.items()}
 
 
-def _key(nb, slug: str, root: Path) -> str:
+def key(nb, slug: str, root: Path) -> str:
     """What the recorded outputs depend on: the notebook and the course code it runs."""
     h = hashlib.sha256(nbformat.writes(nb).encode())
     package = root / "src" / "ptinternals"
