@@ -123,7 +123,9 @@ def test_no_graded_quiz_key_ships(edition):
         modes = {q["id"]: q["mode"] for q in bank["questions"]}
         for q in source["questions"]:
             if modes[q["id"]] == "graded":
-                assert q["explanation"][:50] not in text, (slug, q["id"])
+                # 120 characters: a 50-character prefix of distributed q13's ("FSDP2 keeps every parameter registered
+                # under its o...") is also the start of a hint the FSDP exercise's check gives, which ships by design
+                assert q["explanation"][:120] not in text, (slug, q["id"])
                 assert not next(b for b in bank["questions"] if b["id"] == q["id"])["answers"]
 
 

@@ -21,6 +21,7 @@ builder) that judging code may legitimately share, so their bodies and blocks ar
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 import zipfile
@@ -315,19 +316,28 @@ def scan_texts(texts, bodies: list[Body], fragments: list[Body], report: ScanRep
     frag_by_shape: dict[str, list[Body]] = {}
     for f in fragments:
         frag_by_shape.setdefault(f.first, []).append(f)
+    seen: dict[str, list[tuple[str, int, str]]] = {}  # a text met again (the wheel repeats src/): its findings
     for label, text in texts:
+        digest = hashlib.sha256(text.encode(errors="replace")).hexdigest()
+        if digest in seen:
+            report.texts += 1
+            findings += [Finding(origin, f"{label}, line {line}", kind) for origin, line, kind in seen[digest]]
+            continue
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
+            seen[digest] = []
             continue
         report.texts += 1
+        found = seen[digest] = []
         for stmts in _blocks(tree):
             shapes = [shape(s) for s in stmts]
             for i, sh in enumerate(shapes):
                 for b in by_first.get(sh, ()):
                     if i + b.length <= len(stmts) and normalise(stmts[i:i + b.length]) == b.key:
-                        findings.append(Finding(b.origin, f"{label}, line {stmts[i].lineno}", "body"))
+                        found.append((b.origin, stmts[i].lineno, "body"))
                 for f in frag_by_shape.get(sh, ()):
                     if normalise([stmts[i]]) == f.key:
-                        findings.append(Finding(f.origin, f"{label}, line {stmts[i].lineno}", "fragment"))
+                        found.append((f.origin, stmts[i].lineno, "fragment"))
+        findings += [Finding(origin, f"{label}, line {line}", kind) for origin, line, kind in found]
     return findings
