@@ -43,6 +43,7 @@ CLIENT_FILES = (
     "grading/compare.py",
     "grading/exercise.py",
     "grading/policy.py",  # the static rules check() applies to an answer cell's source (stdlib only)
+    "grading/policy_imports.py",  # ... and its closed-import rules (the modules chapter's)
     "grading/visible.py",
     "grading/validate.py",
     "grading/student_cli.py",
