@@ -309,3 +309,20 @@ def test_scan_looks_inside_notebooks_markdown_json_and_wheels(tmp_path):
     report = _scan(tmp_path, {})
     where = sorted({f.where.split(" ")[0].split(",")[0].split("!")[0] for f in report.findings})
     assert where == ["n.ipynb", "p.whl", "r.json"]
+
+
+def test_a_definition_the_notebook_prints_is_public(tmp_path):
+    """profiling prints the training loop with hidden syncs (inspect.getsource): its body is not a leak."""
+    from ptinternals.edition.scan import public_texts, solution_corpus
+
+    (tmp_path / "src" / "ptinternals" / "demo").mkdir(parents=True)
+    (tmp_path / "src" / "ptinternals" / "demo" / "loops.py").write_text(SOLUTION.replace("contiguous_strides", "slow_loop"))
+    for folder in ("notebooks", "solutions"):
+        (tmp_path / folder / "demo").mkdir(parents=True)
+        nbformat.write(_nb(("import inspect\nprint(inspect.getsource(slow_loop))", {})),
+                       tmp_path / folder / "demo" / "demo.ipynb")
+    withheld = [tmp_path / "src" / "ptinternals" / "demo" / "loops.py"]
+    bodies, _ = solution_corpus(tmp_path, ["demo"], withheld, ScanReport(), public_texts(tmp_path, ["demo"], []))
+    assert bodies == []
+    bodies, _ = solution_corpus(tmp_path, ["demo"], withheld, ScanReport(), [])
+    assert bodies

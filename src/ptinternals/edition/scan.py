@@ -226,9 +226,23 @@ def public_texts(root: Path, chapters, sandbox_files: list[Path]) -> list[tuple[
     for slug in chapters:
         path = root / "notebooks" / slug / f"{slug}.ipynb"
         texts += list(_texts_of_file(str(path.relative_to(root)), path.read_bytes()))
+        texts += _printed_definitions(root, slug, path)
     for path in sandbox_files:
         texts.append((str(path), path.read_text()))
     return texts
+
+
+def _printed_definitions(root: Path, slug: str, notebook: Path) -> list[tuple[str, str]]:
+    """The definitions a student notebook prints with ``inspect.getsource(name)`` (the code an exercise
+    starts from, e.g. profiling's training loop with hidden syncs): shown on purpose, so public."""
+    nb = nbformat.read(notebook, as_version=4)
+    names = {n for c in nb.cells if c.cell_type == "code" for n in re.findall(r"getsource\((\w+)\)", c.source)}
+    out = []
+    for path in sorted((root / "src" / "ptinternals" / slug).rglob("*.py")) if names else ():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in names:
+                out.append((f"{path.relative_to(root)}: {node.name} (printed by the notebook)", ast.unparse(node)))
+    return out
 
 
 def _python(source: str) -> str:
