@@ -4,14 +4,14 @@
 PY := .venv/bin/python
 export PTINTERNALS_REPO := $(CURDIR)
 
-.PHONY: book test lint venv compat compat-venv lab notebooks check-notebooks bench mutation gpu-check gpu-check-dry clean
+.PHONY: book test lint venv compat compat-venv lab notebooks check-notebooks student-edition bench mutation gpu-check gpu-check-dry clean
 
 book: venv
 	PTINTERNALS_STATIC_BOOK=1 .venv/bin/jupyter-book build . --warningiserror --nitpick --keep-going --quiet
 	@echo "book built: open _build/html/index.html"
 
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=25
 
 # Lint: ruff over every Python source (notebook sources with notebook rules), then the dead-code check.
 lint: venv
@@ -33,7 +33,7 @@ compat-venv: constraints-gpu.txt
 	  PTI_EXTRAS=triton,grade,dev scripts/bootstrap.sh && echo "$(COMPAT_VENV) ready ($$(($$(date +%s) - t0)) s)"
 
 compat: compat-venv
-	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --durations=15 --ignore=tests/book
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15 --ignore=tests/book
 
 # For students: JupyterLab on the chapter notebooks (quiz answers are saved beside each notebook).
 LAB_DIR ?= notebooks
@@ -46,6 +46,11 @@ notebooks: venv
 
 check-notebooks: venv
 	$(PY) scripts/build_notebooks.py --check
+
+# For instructors: the student edition (notebooks, student package and wheel; no solutions). See book/instructors.md.
+EDITION_DIR ?= _build/student-edition
+student-edition: venv
+	.venv/bin/ptgrade student-edition --out $(EDITION_DIR)
 
 bench: venv
 	$(PY) bench/run.py

@@ -32,6 +32,8 @@ CALLED_BY_NAME = {
     "retains_grad",  # torch.Tensor's API, mirrored by the autograd chapter's Variable
     "round_to_format",  # the amp formats' public API (used in the book's prose)
     "mutate",  # cosmic-ray Operator.mutate (grading/mutation.py's extra operator)
+    "load_ipython_extension",  # IPython's %load_ext (ptinternals.recorded, in the student edition)
+    "visit_AnnAssign", "visit_JoinedStr",  # ast.NodeTransformer visitors (the student edition's scan)
 }
 LINE = re.compile(r"^(?P<where>[^:]+:\d+): unused (?P<kind>function|method|class|import|property) '(?P<name>[^']+)'")
 

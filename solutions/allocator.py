@@ -26,8 +26,10 @@
 # feedback. Only the code inside answer cells is graded; define any helper you need inside the same
 # answer cell. Later exercises may call your earlier answers ({{exercise memory_timeline}} uses all
 # of them). The grader runs your code in a separate process without the course's reference model,
-# on many more cases than the visible ones. Every exercise is plain Python: no torch, no numpy. Quiz answers are recorded in
-# `allocator.answers.json` beside this notebook: **your first answer to each question counts**.
+# on many more cases than the visible ones. Every exercise is plain Python: no torch, no numpy. Quiz
+# answers are recorded in `allocator.answers.json` beside this notebook: *practice* questions check
+# your answer at once and count no points; *graded* ones only record it (the last answer counts) and
+# are scored when your notebook is graded.
 
 # %% [setup]
 import torch
@@ -1117,7 +1119,8 @@ else:
 # allocator sees when it does.
 #
 # ### Your quiz score so far
-# The grader counts your first answer to each question (recorded in `allocator.answers.json`).
+# Practice answers count no points; the grader scores your last answer to each graded question (recorded in
+# `allocator.answers.json`).
 
 # %% [quiz-grade]
 quiz_progress("allocator")

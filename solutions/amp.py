@@ -20,8 +20,9 @@
 # feedback. Only the code inside answer cells is graded; define any helper you need inside the same
 # answer cell. The grader runs your code in a separate process, without the course's reference
 # implementation, on many more cases than the visible ones, and compares with real PyTorch. Quiz
-# answers are recorded in `amp.answers.json` beside this notebook: **your first answer to
-# each question counts**; after that, try as often as you like.
+# answers are recorded in `amp.answers.json` beside this notebook: *practice* questions check your
+# answer at once and count no points; *graded* ones only record it (the last answer counts) and are
+# scored when your notebook is graded.
 #
 # A word on speed: this notebook runs on a CPU. bf16/fp16 matmuls on a CPU without AMX units are
 # *slower* than fp32 (12-18x here), so everything below is tiny, and the speed half of the last
@@ -921,7 +922,8 @@ print(torch.tensor([256.0, 257.0, 1.003]).bfloat16().tolist())
 # all-reduced in buckets.
 #
 # ### Your quiz score so far
-# The grader counts your first answer to each question (recorded in `amp.answers.json`).
+# Practice answers count no points; the grader scores your last answer to each graded question (recorded in
+# `amp.answers.json`).
 
 # %% [quiz-grade]
 quiz_progress("amp")

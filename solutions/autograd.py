@@ -20,8 +20,9 @@
 # feedback. Only the code inside answer cells is graded; define any helper you need inside the same
 # answer cell. The grader runs your code in a separate process, without the course's reference
 # implementation, on many more cases than the visible ones, and compares with real PyTorch. Quiz
-# answers are recorded in `autograd.answers.json` beside this notebook: **your first answer to
-# each question counts**; after that, try as often as you like.
+# answers are recorded in `autograd.answers.json` beside this notebook: *practice* questions check
+# your answer at once and count no points; *graded* ones only record it (the last answer counts) and
+# are scored when your notebook is graded.
 
 # %% [setup]
 import torch
@@ -1036,7 +1037,8 @@ with torch.autograd.detect_anomaly():
 # where autograd is one dispatch key among many.
 #
 # ### Your quiz score so far
-# The grader counts your first answer to each question (recorded in `autograd.answers.json`).
+# Practice answers count no points; the grader scores your last answer to each graded question (recorded in
+# `autograd.answers.json`).
 
 # %% [quiz-grade]
 quiz_progress("autograd")

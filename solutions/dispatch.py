@@ -24,8 +24,9 @@
 # feedback. Only the code inside answer cells is graded; define any helper you need inside the same
 # answer cell. The grader runs your code in a separate process, without the course's reference
 # implementation, on many more cases than the visible ones, and compares with real PyTorch. Quiz
-# answers are recorded in `dispatch.answers.json` beside this notebook: **your first answer to
-# each question counts**; after that, try as often as you like.
+# answers are recorded in `dispatch.answers.json` beside this notebook: *practice* questions check
+# your answer at once and count no points; *graded* ones only record it (the last answer counts) and
+# are scored when your notebook is graded.
 
 # %% [setup]
 import math
@@ -1220,7 +1221,8 @@ show_quiz("dispatch", "q10", "q11")
 # Next: {{chapter allocator}} follows those bytes into the CUDA caching allocator.
 #
 # ### Your quiz score so far
-# The grader counts your first answer to each question (recorded in `dispatch.answers.json`).
+# Practice answers count no points; the grader scores your last answer to each graded question (recorded in
+# `dispatch.answers.json`).
 
 # %% [quiz-grade]
 quiz_progress("dispatch")

@@ -26,7 +26,9 @@
 # seconds and the message says which rank is stuck in which call, on which line of yours. The
 # grader runs your answer cells in a separate process, without the course's reference
 # implementation, on more cases (3 and 4 ranks, awkward sizes). Quiz answers are recorded in
-# `distributed.answers.json`: **your first answer to each question counts**.
+# `distributed.answers.json` beside this notebook: *practice* questions check your answer at once and
+# count no points; *graded* ones only record it (the last answer counts) and are scored when your
+# notebook is graded.
 
 # %% [setup]
 import contextlib
@@ -1236,7 +1238,8 @@ show_quiz("distributed", "q8")
 # Next: {{chapter kernels}} writes the kernels that run inside each of these ranks.
 #
 # ### Your quiz score so far
-# The grader counts your first answer to each question (recorded in `distributed.answers.json`).
+# Practice answers count no points; the grader scores your last answer to each graded question (recorded in
+# `distributed.answers.json`).
 
 # %% [quiz-grade]
 quiz_progress("distributed")

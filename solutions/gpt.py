@@ -25,8 +25,9 @@
 # says so; each answer cell imports what it uses) followed by a *check cell*. The grader runs your answer cells in a separate process that
 # has torch, triton and `ptinternals.gpt.scaffold` (configuration, corpus, training loop) but not the
 # course's reference model, kernels or trainer, so your answers must contain your own code. Quiz
-# answers are recorded in `gpt.answers.json` beside this notebook: **your first answer to each
-# question counts**.
+# answers are recorded in `gpt.answers.json` beside this notebook: *practice* questions check your
+# answer at once and count no points; *graded* ones only record it (the last answer counts) and are
+# scored when your notebook is graded.
 
 # %% [setup]
 import math
@@ -884,7 +885,8 @@ print(run.sample)
 #   `bench/bench_gpt.py` compares eager PyTorch, the course's kernels and `torch.compile`.
 #
 # ### Your quiz score so far
-# The grader counts your first answer to each question (recorded in `gpt.answers.json`).
+# Practice answers count no points; the grader scores your last answer to each graded question (recorded in
+# `gpt.answers.json`).
 
 # %% [quiz-grade]
 quiz_progress("gpt")

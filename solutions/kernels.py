@@ -30,7 +30,9 @@
 # subnormals, inf and NaN where the op defines them), and compares with PyTorch. Like torch's ops, your
 # functions must leave their inputs unchanged: the checks verify that no input was written.
 # On a GPU it also times your kernel against torch's own op. Quiz answers are recorded in
-# `kernels.answers.json` beside this notebook: **your first answer to each question counts**.
+# `kernels.answers.json` beside this notebook: *practice* questions check your answer at once and
+# count no points; *graded* ones only record it (the last answer counts) and are scored when your
+# notebook is graded.
 #
 # **No GPU? Everything still works.** Without CUDA, the setup cell sets `TRITON_INTERPRET=1` *before*
 # Triton is imported. Triton then runs each kernel in its **interpreter** (`triton/runtime/interpreter.py`):
@@ -1118,7 +1120,8 @@ print(triton_kernel_source(code, names[0]) if names else code[:3000])
 # fuses), and {{chapter gpt}} puts the pieces together in a small GPT.
 #
 # ### Your quiz score so far
-# The grader counts your first answer to each question (recorded in `kernels.answers.json`).
+# Practice answers count no points; the grader scores your last answer to each graded question (recorded in
+# `kernels.answers.json`).
 
 # %% [quiz-grade]
 quiz_progress("kernels")

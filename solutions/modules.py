@@ -33,7 +33,9 @@
 # `functools`, `math`, `typing`, `warnings`...); no `eval`/`exec`, no `getattr` with a computed name,
 # no `_private` names of torch, and no assignments into anything you imported. The check cell tells
 # you at once if a line breaks one of these rules.
-# Quiz answers are recorded beside this notebook: **your first answer to each question counts**.
+# Quiz answers are recorded beside this notebook: *practice* questions check your answer at once and
+# count no points; *graded* ones only record it (the last answer counts) and are scored when your
+# notebook is graded.
 
 # %% [setup]
 import warnings
@@ -1488,6 +1490,8 @@ except NotImplementedError:
 # a kernel.
 #
 # ### Your quiz score so far
+# Practice answers count no points; the grader scores your last answer to each graded question (recorded in
+# `modules.answers.json`).
 
 # %% [quiz-grade]
 quiz_progress("modules")

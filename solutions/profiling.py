@@ -29,7 +29,9 @@
 # feedback. Only the code inside answer cells is graded; define any helper you need inside the same
 # answer cell. The grader runs your code in a separate process, without the course's reference
 # implementation, on many more cases than the visible ones. Quiz answers are recorded in
-# `profiling.answers.json` beside this notebook: **your first answer to each question counts**.
+# `profiling.answers.json` beside this notebook: *practice* questions check your answer at once and
+# count no points; *graded* ones only record it (the last answer counts) and are scored when your
+# notebook is graded.
 #
 # **One CPU thread.** The setup cell below calls `torch.set_num_threads(1)`. The ops in this chapter's
 # demonstrations are tiny, and on a small shared machine PyTorch's worker threads spend more time
@@ -1005,7 +1007,8 @@ except NotImplementedError:
 # you built here.
 #
 # ### Your quiz score so far
-# The grader counts your first answer to each question (recorded in `profiling.answers.json`).
+# Practice answers count no points; the grader scores your last answer to each graded question (recorded in
+# `profiling.answers.json`).
 
 # %% [quiz-grade]
 quiz_progress("profiling")

@@ -21,7 +21,7 @@ from ptinternals.grading.sandbox import ALLOWED_FILES, build_site
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "ptinternals"
-SHARED = {"grading", "checks", "quiz", "viz"}  # not chapters
+SHARED = {"grading", "checks", "quiz", "viz", "edition"}  # not chapters
 
 
 def _imports(path: Path) -> set[str]:

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from ptinternals.grading.cli import main as ptgrade
-from ptinternals.quiz.bank import load_bank
+from ptinternals.quiz.bank import load_answer_key, load_bank, source_path
 
 from ..strides.buggy import BUGGY
 from .conftest import add_submission, submission
@@ -21,9 +21,11 @@ RIGHT = {"q1": "1,12,4", "q2": "1", "q3": "5,0,1", "q4": "2", "q5": "0,1", "q6":
 
 
 def test_right_answers_key_matches_the_bank():
-    from ptinternals.quiz.answers import _canonical_correct
+    from ptinternals.grading.testing import ROOT
 
-    assert all(_canonical_correct(QUIZ, QUIZ.question(q), a) for q, a in RIGHT.items())
+    key = load_answer_key("strides", source_path("strides", ROOT))
+    assert all(a in key[q].accepted for q, a in RIGHT.items())
+    assert {q.id for q in QUIZ.graded_questions} == {"q3", "q4", "q5", "q7", "q8", "q9", "q10"}
 
 
 def _scores(root) -> dict:
@@ -36,7 +38,8 @@ def _scores(root) -> dict:
 def graded_course(module_course):
     course = module_course
     view_bug = BUGGY["strides.view_strides"]["ignores_size_one_dims"][0]
-    half_quiz = dict(RIGHT, q1="12,4,1", q2="0", q3="5,1,1")  # 3 wrong first answers
+    # 3 wrong graded answers (q1 and q2 are practice: wrong there costs nothing)
+    half_quiz = dict(RIGHT, q1="12,4,1", q2="0", q3="5,1,1", q4="0", q5="0")
     add_submission(course, "ada", submission(), answers=RIGHT)
     add_submission(course, "bob", submission(student_version=True))
     add_submission(course, "cyd", submission({"view_strides_code": view_bug}), answers=RIGHT)
@@ -66,7 +69,7 @@ def test_scores_are_exact(graded_course):
     assert scores["ada"] == full  # everything right
     assert scores["bob"] == 0  # the unmodified student notebook
     assert scores["cyd"] == full - 3  # view ignoring size-1 dims loses exactly Exercise strides.view_strides's 3 points
-    assert scores["dee"] == full - 3  # three wrong first quiz answers
+    assert scores["dee"] == full - 3  # three wrong graded quiz answers (two wrong practice ones cost nothing)
     assert scores["eve"] == EXERCISE_POINTS  # deleted test cell: restored and still graded; no quiz answers
     assert scores["fay"] == EXERCISE_POINTS  # edited test cell: restored by nbgrader, graded for real
     assert scores["gus"] == EXERCISE_POINTS - 1  # a fake "passed" output does not count

@@ -848,6 +848,7 @@ class ReleaseCachedSegments(Exercise):
     tests check against the model's ``empty_cache``."""
 
     id, entry, points = "allocator.release_cached_segments", "release_cached_segments", 1
+    withheld_from_students = ("diagnose",)  # its wrong variants (_release_variant) merge with the reference's ref_merge
     title = "empty_cache: which segments go back to the driver"
     forbid = PLAIN
     probe = KEEPING_INPUTS
@@ -1157,6 +1158,9 @@ class FixFragmentation(Exercise):
     title = "diagnose a fragmenting trace and fix it"
     forbid = PLAIN
     timeout_s = 30.0
+    # The check replays the answer through the reference allocator (many fixes are right), so the student
+    # edition cannot judge it: its check says so, and the grader judges it.
+    withheld_from_students = ("compare", "diagnose")
 
     def visible_cases(self):
         return [Case((fragmenting_trace(),), label="fragmenting_trace(): runs out of memory on a 1 GiB GPU")]
@@ -1484,6 +1488,7 @@ class MemoryTimeline(Exercise):
     the real allocator and checks the reserved bytes."""
 
     id, entry, points = "allocator.memory_timeline", "memory_timeline", 3
+    withheld_from_students = ("diagnose",)  # it replays the trace through the reference model, with known mistakes
     title = "your own caching allocator: predict peak reserved memory"
     forbid = PLAIN
     timeout_s = 40.0
@@ -1707,6 +1712,7 @@ EXERCISES = [
     FixFragmentation(),
     MemoryTimeline(),
 ]
-CHAPTER = Chapter("allocator", EXERCISES, sandbox_files=("allocator/scaffold.py", "allocator/device.py"))
+CHAPTER = Chapter("allocator", EXERCISES, sandbox_files=("allocator/scaffold.py", "allocator/device.py"),
+                  student_files=("allocator/config.py",))  # PYTORCH_CUDA_ALLOC_CONF parsing, sizes as text
 
 __all__ = ["CHAPTER", "EXERCISES"]

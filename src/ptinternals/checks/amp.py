@@ -363,6 +363,7 @@ class Decompose(Exercise):
     title = "round a float into a format, ties to even"
     policy = Policy(banned=STRUCT_LIKE, why="work on the bits with integer arithmetic")
     forbid = NO_SOLUTION_MODULES
+    withheld_from_students = ("diagnose",)  # its diagnosis rounds with a plain-Python IEEE encoder: this solution
 
     def visible_cases(self):
         return [Case((1.0, "fp16"), label="1.0"),
@@ -635,6 +636,7 @@ class _RoundBits(Exercise):
     fmt = "bf16"
     probe = "ptinternals.checks.probes.amp:record_bit_ops"
     timeout_s = 30.0
+    withheld_from_students = ("diagnose",)  # its diagnosis rounds with a plain-Python IEEE encoder (the answer)
 
     def visible_cases(self):
         edges = _edge_values(self.fmt)

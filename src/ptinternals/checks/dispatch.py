@@ -1221,6 +1221,7 @@ class MemoryEstimateExercise(Exercise):
     title = "a training step's memory, estimated with FakeTensorMode"
     probe = "ptinternals.checks.probes.dispatch:estimate_memory_probe"
     timeout_s = 60.0
+    withheld_from_students = ("diagnose",)  # it measures a real run with the answer's own saved-tensor hooks
 
     def visible_cases(self):
         return [mem_case(("mlp", 16, 64, 4, "float32", False), (8, 16), label="a small MLP on cuda"),

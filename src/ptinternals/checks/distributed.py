@@ -353,6 +353,7 @@ class RingAllReduce(_MultiRank):
     probe = f"{PROBES}:ring_all_reduce"
     policy = Policy(banned=(*COLLECTIVES, *DATA_PARALLEL), why="build the ring from send/recv (isend/irecv)")
     n_spawns = 6
+    withheld_from_students = ("diagnose",)  # it simulates the ring (chunk bounds included) to name the bug
 
     def _case(self, world_size, specs, label=""):
         tests = ring_tests(world_size, specs)
@@ -539,6 +540,7 @@ def _reaches(c, which: int, delta: int) -> bool:
 class AssignBuckets(_PlainPython):
     id, entry, points = "distributed.assign_buckets", "assign_buckets", 1
     title = "DDP's bucket rebuild (reducer.cpp compute_bucket_assignment_by_size)"
+    withheld_from_students = ("diagnose",)  # its wrong variants share the right algorithm's code
 
     def visible_cases(self):
         return [Case(([12, 0, 72, 24, 168, 28, 140], 200, 50), label="a small MLP's gradients, in the order they "

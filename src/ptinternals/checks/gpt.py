@@ -202,6 +202,7 @@ GPT_BUGS = {
 class GPTForward(Exercise):
     id, entry, points = "gpt.gpt", "GPT", 3
     title = "the GPT model, on fixed weights"
+    withheld_from_students = ("diagnose",)  # it runs a reference GPT forward with each known bug
     probe = f"{PROBE}:gpt_forward"
     timeout_s = 60.0
 
@@ -549,6 +550,7 @@ def _step_batches(vocab, micro, batch, T, steps, seed):
 class TrainStep(Exercise):
     id, entry, points = "gpt.train_step", "train_step", 2
     title = "the train step: accumulation, autocast, GradScaler, clipping"
+    withheld_from_students = ("diagnose",)  # its clipping hint reruns the reference train_step without clipping
     probe = f"{PROBE}:train_step_probe"
     timeout_s = 60.0
 

@@ -1774,4 +1774,4 @@ EXERCISES = [
     FlashAttention(),
     CustomOp(),
 ]
-CHAPTER = Chapter("kernels", exercises=EXERCISES)
+CHAPTER = Chapter("kernels", exercises=EXERCISES, student_files=("kernels/costs.py",))  # roofline bytes and FLOPs

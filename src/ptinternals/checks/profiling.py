@@ -492,6 +492,7 @@ class TimeGpu(Exercise):
     is their median and IQR (``torch.quantile``, linear interpolation)."""
 
     id, entry, points = "profiling.time_gpu", "time_gpu", 2
+    withheld_from_students = ("diagnose",)  # it takes unsorted percentiles the way the answer takes sorted ones
     title = "a GPU timer: warm-up, events, median and IQR"
     probe = f"{PROBES}:timer_probe"
     boundary_classes = {
@@ -1161,6 +1162,7 @@ class OpTimes(Exercise):
     torch 2.11's leaves them out of its table, but the expected answer depends on the trace alone."""
 
     id, entry, points = "profiling.op_times", "op_times", 3
+    withheld_from_students = ("diagnose",)  # its wrong variants (_variant_times) share the right algorithm's code
     title = "self and total time per op, from an exported trace"
     probe = f"{PROBES}:trace_probe"
     timeout_s = 60.0
@@ -1569,6 +1571,9 @@ class TrainFast(Exercise):
         "a learning rate other than the default": lambda c, e: len(c.args) > 6,
         "the batches checked after the call": lambda c, e: c.args[1] > 0 and not isinstance(e, Raises),
     }
+    # The check counts host syncs with the chapter's rule table (sync_rules.sync_reason), the answer to
+    # profiling.sync_reason: the student edition cannot ship it, so its check says so and the grader judges.
+    withheld_from_students = ("compare", "diagnose")
     policy = Policy(in_loops=("item", "cpu", "tolist", "numpy", "nonzero", "masked_select", "unique", "synchronize",
                               "print"),
                     mask_index_in_loops=True, tensor_tests_in_loops=True,

@@ -7,6 +7,7 @@
     ptgrade feedback strides            HTML feedback without hidden tests
     ptgrade export --to grades.csv           the gradebook as CSV
     ptgrade summary strides             pass rates, histogram, slowest, failures by category
+    ptgrade student-edition --out DIR   the student edition: notebooks, student package, wheel, no solutions
     ptgrade validate my_notebook.ipynb       (students) is every test cell still there and unchanged?
 
 Exit codes: 0 success; 1 some submissions could not be graded or validation found problems;
@@ -363,6 +364,27 @@ def cmd_validate(args) -> int:
     return EXIT_OK
 
 
+def cmd_student_edition(args) -> int:
+    """Build the student edition (ptinternals.edition.build); kept apart from the grading commands."""
+    from ..edition.build import build
+    from ..edition.checks import EditionError
+
+    root = find_root()
+    try:
+        report = build(Path(args.out), root, wheel=not args.no_wheel, jobs=args.jobs, chapters=args.chapter)
+    except EditionError as e:
+        print(f"ptgrade: the student edition was not built: {e}", file=sys.stderr)
+        return EXIT_FAILURES
+    scan = report.scan
+    print(f"student edition written to {report.out} ({len(report.files)} files; see EDITION.md)")
+    if report.wheel:
+        print(f"  wheel: {report.wheel}")
+    print(f"  clean scan: {scan.bodies} solution bodies and {scan.fragments} blocks searched in {scan.texts} Python "
+          f"texts of {scan.files} files: {len(scan.findings)} found")
+    print("  " + ", ".join(f"{k} {v:.0f} s" for k, v in report.seconds.items()))
+    return EXIT_OK
+
+
 # ---- parser ------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ptgrade", description=__doc__.split("\n\n")[0],
@@ -422,6 +444,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("assignment")
     sp = add("validate", cmd_validate, "(students) check that no test cell was deleted or edited")
     sp.add_argument("notebook")
+    sp = add("student-edition", cmd_student_edition,
+             "build the student edition: notebooks, student package and wheel, without solutions (see EDITION.md)")
+    sp.add_argument("--out", required=True, help="the folder to write (emptied first if it holds an earlier edition)")
+    sp.add_argument("--no-wheel", action="store_true", help="skip building the wheel")
+    sp.add_argument("-j", "--jobs", type=int, default=2, help="notebooks recorded in parallel (default 2)")
+    sp.add_argument("--chapter", action="append", help="only this chapter (repeatable; default: every chapter)")
     return p
 
 

@@ -72,6 +72,14 @@ class NotImplementedYet(CheckFailure):
         super().__init__(message, exercise=exercise, category="not-implemented")
 
 
+# The packages a "forbid" makes absent while graded (the sandbox mounts over them), and the names they are
+# installed under (folders and files); a forbidden module not listed here is banned statically (grading.policy).
+ABSENTABLE = {
+    "torch": ("torch", "functorch", "torchgen", "torch.libs"),
+    "numpy": ("numpy", "numpy.libs"),
+}
+
+
 class Exercise:
     """Subclass per exercise. Class attributes describe it; methods produce cases and judge results."""
 
@@ -88,6 +96,12 @@ class Exercise:
     # 0 in case.args[0]}``. tests/test_exercise_banks.py asserts each one holds for at least one hidden case
     # (CONTRIBUTING.md, "Tests of the tests", lists the classes each kind of exercise must have).
     boundary_classes: dict[str, Callable[[Case, Any], bool]] = {}
+    # The student edition (``ptgrade student-edition``) ships this exercise's visible cases and expected
+    # answers as data (``grading.visible``) and its ``compare``/``diagnose``/``summary`` as code, with
+    # the helpers they use. Name here the ones it must leave out because they, or a helper they call,
+    # re-implement something graded (a diagnosis that simulates the right algorithm to recognise wrong
+    # ones): the edition's check then gives no "likely cause" for this exercise. ``compare`` cannot be.
+    withheld_from_students: tuple[str, ...] = ()
 
     # ---- to be provided by each exercise ---------------------------------------------------------
     def visible_cases(self) -> list[Case]:
@@ -187,6 +201,10 @@ class Chapter:
     quiz_grade_id: str | None = "quiz"
     sandbox_files: tuple[str, ...] = ()  # scaffolding modules graded code may import, e.g. "autograd/scaffold.py"
     policy_allow: tuple[str, ...] = ()  # private names (e.g. "_make_wrapper_subclass") a policy lets answers use
+    # Reference-package files the student edition ships besides ``sandbox_files``: teaching helpers the
+    # notebook demonstrates with that implement nothing graded (e.g. "allocator/config.py"). Anything
+    # else of ``ptinternals/<slug>/`` stays out of the edition; notebook cells that need it are recorded.
+    student_files: tuple[str, ...] = ()
 
     def __post_init__(self):
         from .. import course

@@ -20,6 +20,9 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+# ABSENTABLE: the packages a "forbid" makes absent here; defined beside Exercise.forbid, where the checking
+# client reads it too (grading.policy, which the student edition ships without this module).
+from .exercise import ABSENTABLE
 from .resources import kill_until_gone
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../ptinternals
@@ -38,11 +41,6 @@ UID_BASE = 61000  # sandboxes run as uids UID_BASE .. UID_BASE + UID_COUNT - 1 (
 UID_COUNT = 1000
 UID_LOCK_DIR = Path(tempfile.gettempdir()) / "ptgrade-uids"
 
-# The packages a "forbid" makes absent, and the names they are installed under (folders and files).
-ABSENTABLE = {
-    "torch": ("torch", "functorch", "torchgen", "torch.libs"),
-    "numpy": ("numpy", "numpy.libs"),
-}
 
 
 # ================================================================================================

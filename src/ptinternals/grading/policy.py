@@ -525,7 +525,7 @@ def _locally_defined(cells: list[_Cell]) -> set[str]:
 # ================================================================================================
 def effective_policy(ex) -> Policy | None:
     """The exercise's policy, with ``forbid`` modules that cannot be made absent (e.g. ``struct``) banned."""
-    from .isolation import ABSENTABLE
+    from .exercise import ABSENTABLE
 
     policy = getattr(ex, "policy", None)
     extra = tuple(m for m in ex.forbid if m not in ABSENTABLE)

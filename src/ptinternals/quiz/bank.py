@@ -1,9 +1,20 @@
-"""Quiz banks: questions with their answers stored only as salted hashes.
+"""Quiz banks: practice questions with their answers stored only as salted hashes; graded ones with no key.
 
 Authoring happens in ``solutions/quizzes/<chapter>.yaml`` (plain text, instructor side). ``compile_bank``
-turns it into ``ptinternals/quiz/banks/<chapter>.json``, which ships with the package and holds, for
-each question, the text, the options, a salted SHA-256 of the right answer, a hint for wrong answers,
-and the explanation *encrypted with the right answer* (readable only once you have answered right).
+turns it into ``ptinternals/quiz/banks/<chapter>.json``, the *student form* that ships with the
+package. Each question has a **mode**:
+
+* ``practice``: instant feedback in the notebook and in the static book, and no points. The bank
+  holds a salted SHA-256 of the right answer, a hint for wrong answers, and the explanation
+  *encrypted with the right answer* (readable only once you have answered right). A handful of
+  options is brute-forced in seconds, which is why a practice question is never graded.
+* ``graded``: points, and no key at all in the bank (no hash, no sealed explanation): the student's
+  answer is recorded beside the notebook and scored at autograde time against the instructor's
+  YAML (:func:`load_answer_key`); the result and the explanation come back in the feedback.
+
+The default is ``graded`` (:data:`DEFAULT_MODE`): a question an author forgets to mark then loses
+its instant feedback, which shows at once in the notebook, instead of carrying points a student can
+brute-force, which shows nowhere. book/instructors.md ("Quizzes") explains the trade-off.
 
 Answer kinds:
 
@@ -23,8 +34,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-FORMAT = 1
+FORMAT = 2  # 2: questions have a mode; graded ones carry no key
 KINDS = ("mc", "many", "text")
+MODES = ("practice", "graded")
+DEFAULT_MODE = "graded"
 
 
 def normalize(kind: str, answer) -> str:
@@ -83,6 +96,11 @@ class Question:
     answers: list[dict] = field(default_factory=list)  # [{"hash": ..., "explanation": sealed}] per accepted spelling
     hint: str = ""
     points: float = 1.0
+    mode: str = DEFAULT_MODE
+
+    @property
+    def graded(self) -> bool:
+        return self.mode == "graded"
 
     def _match(self, salt: str, canonical: str) -> dict | None:
         h = answer_hash(salt, self.id, canonical)
@@ -111,7 +129,12 @@ class Bank:
 
     @property
     def total_points(self) -> float:
-        return sum(q.points for q in self.questions)
+        """The quiz's points: the graded questions' (practice questions count nothing)."""
+        return sum(q.points for q in self.questions if q.graded)
+
+    @property
+    def graded_questions(self) -> list[Question]:
+        return [q for q in self.questions if q.graded]
 
     def question(self, qid: str) -> Question:
         for q in self.questions:
@@ -131,6 +154,68 @@ def load_bank(chapter: str) -> Bank:
     if raw.get("format") != FORMAT:
         raise ValueError(f"quiz bank {chapter} has format {raw.get('format')}, expected {FORMAT}")
     return Bank(raw["chapter"], raw["salt"], [Question(**q) for q in raw["questions"]])
+
+
+# ---- the instructor's answer key ------------------------------------------------------------------
+@dataclass
+class KeyEntry:
+    """The right answer(s) of one question, as canonical strings, and what to say about it."""
+
+    accepted: tuple[str, ...]
+    explanation: str
+    hint: str = ""
+
+
+def answer_key(source: dict) -> dict[str, KeyEntry]:
+    """``{question id: KeyEntry}`` from an authoring source (the YAML, loaded): the grading key."""
+    key = {}
+    for q in source.get("questions", []):
+        kind, answer = q["kind"], _author_answer(q)
+        accepted = [normalize(kind, answer)]
+        if kind == "text":
+            accepted += [normalize(kind, str(a)) for a in q.get("accept", []) if normalize(kind, str(a)) not in accepted]
+        key[q["id"]] = KeyEntry(tuple(accepted), str(q.get("explanation", "")), str(q.get("hint", "")))
+    return key
+
+
+def find_source(chapter: str) -> Path | None:
+    """The instructor's ``solutions/quizzes/<chapter>.yaml`` if this copy of the course has it, else None.
+
+    Looked for under ``$PTINTERNALS_REPO``, then above this package (an editable install of the
+    repository: the course the grader runs from), then above the working folder. The student edition
+    has no ``solutions/``: None there.
+    """
+    import os
+
+    if not re.fullmatch(r"[a-z0-9_]+", chapter or ""):
+        raise ValueError(f"chapter must look like 'strides', got {chapter!r}")
+    roots = [Path(os.environ["PTINTERNALS_REPO"])] if os.environ.get("PTINTERNALS_REPO") else []
+    here = Path.cwd()
+    roots += [Path(__file__).resolve().parents[3], here, *here.parents]
+    for root in roots:
+        path = source_path(chapter, root)
+        if path.is_file():
+            return path
+    return None
+
+
+def load_answer_key(chapter: str, source: Path | None = None) -> dict[str, KeyEntry]:
+    """The grading key of ``chapter``, read from the instructor's YAML (``source`` or :func:`find_source`).
+
+    Raises FileNotFoundError where there is none (the student edition): graded questions are scored
+    only where the instructor's sources are.
+    """
+    import yaml
+
+    path = source or find_source(chapter)
+    if path is None or not Path(path).is_file():
+        raise FileNotFoundError(f"no answer key for quiz {chapter!r}: graded questions are scored with the "
+                                f"instructor's solutions/quizzes/{chapter}.yaml, which this copy of the course "
+                                f"does not have (set PTINTERNALS_REPO to the course repository)")
+    from_yaml = yaml.safe_load(Path(path).read_text())
+    if from_yaml.get("chapter") != chapter:
+        raise ValueError(f"{path} is the quiz of {from_yaml.get('chapter')!r}, not {chapter!r}")
+    return answer_key(from_yaml)
 
 
 # ---- authoring -------------------------------------------------------------------------------------
@@ -157,6 +242,12 @@ def compile_bank(source: dict, salt: str) -> dict:
             raise ValueError(f"{chapter}: duplicate question id {q['id']!r}")
         seen.add(q["id"])
         kind, answer = q["kind"], _author_answer(q)
+        mode = q.get("mode", DEFAULT_MODE)
+        if mode not in MODES:
+            raise ValueError(f"{chapter}/{q['id']}: mode must be one of {MODES}, got {mode!r}")
+        if mode == "practice" and float(q.get("points", 0)) != 0:
+            raise ValueError(f"{chapter}/{q['id']}: a practice question carries no points (its key ships to "
+                             f"students); make it graded or drop points: {q['points']!r}")
         options = list(q.get("options", []))
         if kind in ("mc", "many"):
             indices = [answer] if kind == "mc" else answer
@@ -165,11 +256,15 @@ def compile_bank(source: dict, salt: str) -> dict:
         accepted = [normalize(kind, answer)]
         if kind == "text":  # other accepted spellings ("96 bytes" for "96"), each hashed on its own
             accepted += [normalize(kind, str(a)) for a in q.get("accept", []) if normalize(kind, str(a)) not in accepted]
+        # A graded question ships without any trace of its key (no hash, no sealed explanation, no hint:
+        # a hint is written for wrong answers, so it would tell a wrong answer apart).
+        graded = mode == "graded"
         out.append({
             "id": q["id"], "kind": kind, "text": q["text"], "options": options,
-            "answers": [{"hash": answer_hash(salt, q["id"], c), "explanation": seal(q["explanation"], salt, q["id"], c)}
-                        for c in accepted],
-            "hint": q.get("hint", ""), "points": float(q.get("points", 1)),
+            "answers": [] if graded else [{"hash": answer_hash(salt, q["id"], c),
+                                           "explanation": seal(q["explanation"], salt, q["id"], c)} for c in accepted],
+            "hint": "" if graded else q.get("hint", ""), "points": float(q.get("points", 1)) if graded else 0.0,
+            "mode": mode,
         })
     return {"format": FORMAT, "chapter": chapter, "salt": salt, "questions": out}
 

@@ -2,15 +2,19 @@
 
 ``show_quiz("strides", "q1", "q2")`` displays those questions.
 
-* In a live kernel (JupyterLab), each question is an ipywidgets form. "Check" tells right or wrong
-  at once (comparing salted hashes, so no answer key sits in the notebook), reveals the
-  explanation when right (it is encrypted with the right answer), and records the attempt beside
-  the notebook for grading (first answers count).
-* When the book is built (``PTINTERNALS_STATIC_BOOK=1``, set by ``make book``), it emits a
-  self-contained HTML + JavaScript quiz rendered by jupyterquiz, which works with no kernel and no
-  network. That needs the plain-text answers, read from the instructor-side source
+* In a live kernel (JupyterLab), each question is an ipywidgets form that records every attempt
+  beside the notebook (``<chapter>.answers.json``).
+  A **practice** question's "Check" tells right or wrong at once (comparing salted hashes, so no
+  plain key sits in the notebook) and reveals the explanation when right (it is encrypted with the
+  right answer); practice counts no points.
+  A **graded** question's "Save answer" only records it (the last answer counts): the student
+  edition has no key to check it with, and the result comes with the feedback after grading. In
+  the full repository, which holds the instructor's key, it also says right or wrong (self-study).
+* When the book is built (``PTINTERNALS_STATIC_BOOK=1``, set by ``make book``), practice questions
+  become a self-contained HTML + JavaScript quiz rendered by jupyterquiz, which works with no kernel
+  and no network. That needs the plain-text answers, read from the instructor-side source
   ``solutions/quizzes/<chapter>.yaml``; they are base64-encoded in the page (a self-check, not a
-  secret: see book/instructors.md).
+  secret). Graded questions are shown without any answer: "answer it in the notebook".
 """
 from __future__ import annotations
 
@@ -21,8 +25,8 @@ import os
 import re
 import uuid
 
-from .answers import answers_path, grade_answers, record_answer
-from .bank import Question, load_bank, source_path
+from .answers import answers_path, progress, record_answer
+from .bank import Question, load_answer_key, load_bank, source_path
 
 STATIC_ENV = "PTINTERNALS_STATIC_BOOK"
 
@@ -69,44 +73,63 @@ def _widget_question(bank, q: Question, w):
     else:
         field = w.Text(placeholder="your answer", layout=w.Layout(width="320px"))
         read = lambda: field.value  # noqa: E731
-    button = w.Button(description="Check", button_style="primary")
-    feedback = w.HTML("")
+    button = w.Button(description="Save answer" if q.graded else "Check", button_style="primary")
+    feedback = w.HTML("<i>Graded question: your answer is recorded (the last one counts) and scored when your "
+                      "notebook is graded.</i>" if q.graded else "")
 
     def on_check(_):
         answer = read()
         if answer is None or answer == "" or answer == []:
             feedback.value = "<span style='color:#a60'>Choose or type an answer first.</span>"
             return
-        first = _first_answer(bank.chapter, q.id)
         try:
-            record_answer(bank.chapter, q.id, q.kind, answer)
-        except OSError as e:  # e.g. a read-only folder: feedback still works, grading cannot
+            canonical = record_answer(bank.chapter, q.id, q.kind, answer)
+        except OSError as e:  # e.g. a read-only folder: practice feedback still works, grading cannot
             feedback.value = f"<span style='color:#a00'>Could not record your answer ({html.escape(str(e))}).</span>"
-        note = "" if first is None else " <i>(your first answer is the one that counts for the grade)</i>"
-        if q.is_correct(bank.salt, answer):
+            if q.graded:
+                return
+            canonical = None
+        if q.graded:
+            feedback.value = (f"<span style='color:#046'>&#10003; Recorded: {html.escape(str(canonical))}.</span> "
+                              f"<i>Graded question: you can change your answer until you submit (the last one "
+                              f"counts); the result comes with your feedback.</i>{_self_study(bank.chapter, q, canonical)}")
+        elif q.is_correct(bank.salt, answer):
             feedback.value = (f"<span style='color:#080'>&#10003; Correct.</span> "
-                              f"{_inline_md(q.explanation(bank.salt, answer))}{note}")
+                              f"{_inline_md(q.explanation(bank.salt, answer))} <i>(practice: no points)</i>")
         else:
-            feedback.value = f"<span style='color:#a00'>&#10007; Not quite.</span> {_inline_md(q.hint)}{note}"
+            feedback.value = (f"<span style='color:#a00'>&#10007; Not quite.</span> {_inline_md(q.hint)} "
+                              f"<i>(practice: try again)</i>")
 
     button.on_click(on_check)
     return w.VBox([prompt, field, w.HBox([button]), feedback], layout=w.Layout(margin="6px 0 10px 0"))
+
+
+_KEYS: dict = {}
+
+
+def _self_study(chapter: str, q: Question, canonical: str | None) -> str:
+    """Right or wrong for a graded answer, where this copy of the course holds the instructor's key (the
+    full repository: self-study); nothing in the student edition, which has none."""
+    if chapter not in _KEYS:
+        try:
+            _KEYS[chapter] = load_answer_key(chapter)
+        except (FileNotFoundError, ValueError):
+            _KEYS[chapter] = None
+    entry = (_KEYS[chapter] or {}).get(q.id)
+    if entry is None or canonical is None:
+        return ""
+    verdict = "right" if canonical in entry.accepted else "not right"
+    return (f"<br><span style='color:#555'>Self-study (the course's answer key is in this repository): "
+            f"{verdict}. {_inline_md(entry.explanation) if verdict == 'right' else _inline_md(entry.hint)}</span>")
 
 
 def _plain(text: str) -> str:
     return text.replace("`", "")
 
 
-def _first_answer(chapter: str, qid: str):
-    from .answers import read_answers
-
-    attempts = read_answers(answers_path(chapter)).get(qid, [])
-    return attempts[0]["answer"] if attempts else None
-
-
 def quiz_progress(chapter: str) -> None:
-    """Print how the recorded quiz answers of this notebook's folder score (first answers count)."""
-    print(grade_answers(load_bank(chapter), answers_path(chapter)).summary())
+    """Print the quiz answers recorded in this notebook's folder: practice results, graded answers saved."""
+    print(progress(load_bank(chapter), answers_path(chapter)))
 
 
 # ---- the static book: jupyterquiz ------------------------------------------------------------------------
@@ -116,14 +139,16 @@ class StaticQuiz:
     def __init__(self, chapter: str, question_ids: list[str]):
         self.chapter, self.question_ids = chapter, question_ids
 
-    def _jupyterquiz_questions(self) -> list[dict]:
+    def _source(self) -> dict:
         import yaml
 
-        path = source_path(self.chapter, _repo_root())
-        source = yaml.safe_load(path.read_text())
-        by_id = {q["id"]: q for q in source["questions"]}
+        source = yaml.safe_load(source_path(self.chapter, _repo_root()).read_text())
+        return {q["id"]: q for q in source["questions"]}
+
+    def _jupyterquiz_questions(self, question_ids: list[str]) -> list[dict]:
+        by_id = self._source()
         out = []
-        for qid in self.question_ids:
+        for qid in question_ids:
             q = by_id[qid]
             text = f"{qid}. {_plain(q['text'])}"
             if q["kind"] in ("mc", "many"):
@@ -147,12 +172,36 @@ class StaticQuiz:
         return out
 
     def _repr_html_(self) -> str:
+        """Runs of practice questions as jupyterquiz self-checks, graded ones as plain text, in order."""
+        bank = load_bank(self.chapter)
+        runs: list[tuple[bool, list[str]]] = []
+        for qid in self.question_ids:
+            graded = bank.question(qid).graded
+            if runs and runs[-1][0] == graded:
+                runs[-1][1].append(qid)
+            else:
+                runs.append((graded, [qid]))
+        return "".join(self._graded_html(bank, ids) if graded else self._practice_html(ids) for graded, ids in runs)
+
+    def _graded_html(self, bank, question_ids: list[str]) -> str:
+        """Graded questions carry no answer into the page: the text and options, and where to answer."""
+        parts = []
+        for qid in question_ids:
+            q = bank.question(qid)
+            options = "".join(f"<li>{_inline_md(o)}</li>" for o in q.options)
+            parts.append(f'<div class="graded-question"><p><b>{qid}.</b> {_inline_md(q.text)}</p>'
+                         + (f"<ol start='0'>{options}</ol>" if options else "")
+                         + "<p><i>Graded question: answer it in this chapter's notebook, where your answer is "
+                           "recorded; the result comes with your feedback.</i></p></div>")
+        return '<div class="graded-quiz" style="border:1px solid #ccc;padding:8px;margin:8px 0">' + "".join(parts) + "</div>"
+
+    def _practice_html(self, question_ids: list[str]) -> str:
         from jupyterquiz.dynamic.loader import load_questions_script
         from jupyterquiz.dynamic.renderer import build_script, build_styles, render_div
 
-        div_id = "q" + uuid.uuid5(uuid.NAMESPACE_URL, f"{self.chapter}/{'-'.join(self.question_ids)}").hex[:12]
+        div_id = "q" + uuid.uuid5(uuid.NAMESPACE_URL, f"{self.chapter}/{'-'.join(question_ids)}").hex[:12]
         data_id = div_id + "data"
-        encoded = base64.b64encode(json.dumps(self._jupyterquiz_questions()).encode()).decode()
+        encoded = base64.b64encode(json.dumps(self._jupyterquiz_questions(question_ids)).encode()).decode()
         prefix, static, url = load_questions_script("#" + data_id, div_id)
         script = build_script(prefix, static, url, div_id, True)
         # jupyterquiz loads MathJax from a CDN when the page has none: use the book's own copy instead,

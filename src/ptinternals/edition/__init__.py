@@ -1,0 +1,1 @@
+"""Builds the student edition (instructor side; not shipped)."""
