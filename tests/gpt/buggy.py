@@ -98,6 +98,9 @@ BUGGY = {
         "norm_after_clipping": (edited("gpt.train_step", ("    return total, float(norm)",
                                                           "    return total, float(torch.nn.utils.clip_grad_norm_("
                                                           "params, float('inf')))")), "BEFORE clipping"),
+        # the message says which forwards ran inside no_sync(): no likely cause is needed
+        "no_sync_around_the_last_micro_batch": (edited("gpt.train_step", ("last = i == len(batches) - 1",
+                                                                          "last = i == 0")), None),
         "no_clipping": (edited("gpt.train_step", ("grad_clip if grad_clip > 0 else float(\"inf\")",
                                                   "float(\"inf\")")), "clip the gradient norm"),
         # a missing gradient taken as zero: weight decay then moves frozen and unused parameters (issue 16's

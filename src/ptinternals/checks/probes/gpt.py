@@ -10,6 +10,7 @@ Imports: torch and the standard library only.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import types
@@ -258,12 +259,25 @@ def _as_float(v):
 
 
 def train_step_probe(entry, state, steps, amp: str, grad_clip: float, lr: float = 0.1, frozen=(),
-                     weight_decay: float = 0.0):
+                     weight_decay: float = 0.0, no_sync: bool = False):
     """Run ``entry(model, optimizer, scaler, batches, amp_dtype, grad_clip)`` for each step's batches
     (a list of micro-batches) on ProbeLM; ``amp`` is "none", "bfloat16" or "float16" (+ GradScaler).
-    ``frozen`` parameters (and an unused one) reach the optimizer with .grad None."""
+    ``frozen`` parameters (and an unused one) reach the optimizer with .grad None. ``no_sync``: the model
+    has a ``no_sync()`` context manager, as a DDP model has; each forward records whether it ran inside."""
     device = steps[0][0][0].device
     model = build_probe(state, frozen).to(device)
+    inside, forwards = [False], []
+    if no_sync:
+        @contextlib.contextmanager
+        def recording_no_sync():
+            inside[0] = True
+            try:
+                yield
+            finally:
+                inside[0] = False
+
+        model.no_sync = recording_no_sync
+        model.register_forward_pre_hook(lambda module, args: forwards.append(inside[0]))
     opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=weight_decay)
     amp_dtype = None if amp == "none" else getattr(torch, amp)
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**12) if amp == "float16" else None
@@ -276,7 +290,7 @@ def train_step_probe(entry, state, steps, amp: str, grad_clip: float, lr: float 
         norms.append(_as_float(norm))
     grads_left = sum(1 for p in model.parameters() if p.grad is not None and bool(p.grad.abs().sum() > 0))
     return {"losses": losses, "grad_norms": norms, "params": _params_out(model), "matmul_dtypes": sorted(dtypes),
-            "grads_left": grads_left}
+            "grads_left": grads_left, "no_sync_forwards": forwards if no_sync else None}
 
 
 # ----------------------------------------------------------------------------------------- gpt.ddp DDP
