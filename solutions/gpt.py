@@ -159,7 +159,8 @@ del model
 # `(logits, loss)`: logits (B, T, V) for every position, and the mean cross-entropy against `targets`
 # (B, T) when they are given, else `None`. The check loads fixed weights into your model (by the names
 # above) and compares its logits, in float64, with a plain functional implementation; it also checks
-# that the head is tied. 3 points.
+# that the head is tied and, on models large enough to measure it, the GPT-2 initialisation your
+# model was built with (before the fixed weights replace it). 3 points.
 
 # %% [answer gpt]
 import math

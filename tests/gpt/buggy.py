@@ -37,6 +37,11 @@ BUGGY = {
         "no_final_norm": (edited("gpt.gpt", ("self.lm_head(self.transformer.ln_f(x))", "self.lm_head(x)")), "ln_f"),
         "no_position_embedding": (edited("gpt.gpt", ("self.transformer.wte(idx) + self.transformer.wpe(pos)",
                                                      "self.transformer.wte(idx)")), "position embeddings"),
+        # the logits are right (the grader loads fixed weights): the message names the initialisation
+        "c_proj_not_scaled": (edited("gpt.gpt", ("0.02 / math.sqrt(2 * config.n_layer) if name.endswith", "0.02 if "
+                                                 "name.endswith")), None),
+        "biases_left_at_torch_default": (edited("gpt.gpt", ("            elif name.endswith(\"bias\"):\n"
+                                                            "                nn.init.zeros_(p)\n", "")), None),
     },
     "gpt.kernel_layer_norm": {
         "unbiased_variance": (edited("gpt.kernel_layer_norm", ("tl.sum(xc * xc, axis=0) / N + eps",
@@ -70,6 +75,13 @@ BUGGY = {
                                       None),
         "recompute_without_grad": (edited("gpt.checkpoint", ("            with torch.enable_grad(), torch.autograd",
                                                              "            with torch.no_grad(), torch.autograd")), None),
+        # torch's reentrant checkpoint has this flaw: when no INPUT needs grad (a frozen embedding before the
+        # first block), the parameters inside the block get no gradient either
+        "no_graph_when_inputs_need_no_grad": (edited("gpt.checkpoint", (
+            "    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):\n        return fn(*args)",
+            "    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):\n"
+            "        with torch.no_grad():\n            return fn(*args)\n"
+            "    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):\n        return fn(*args)")), None),
     },
     "gpt.train_step": {
         "no_division_by_micro_batches": (edited("gpt.train_step", ("                loss = loss / len(batches)\n", "")),
@@ -86,8 +98,17 @@ BUGGY = {
         "norm_after_clipping": (edited("gpt.train_step", ("    return total, float(norm)",
                                                           "    return total, float(torch.nn.utils.clip_grad_norm_("
                                                           "params, float('inf')))")), "BEFORE clipping"),
+        # the message says which forwards ran inside no_sync(): no likely cause is needed
+        "no_sync_around_the_last_micro_batch": (edited("gpt.train_step", ("last = i == len(batches) - 1",
+                                                                          "last = i == 0")), None),
         "no_clipping": (edited("gpt.train_step", ("grad_clip if grad_clip > 0 else float(\"inf\")",
                                                   "float(\"inf\")")), "clip the gradient norm"),
+        # a missing gradient taken as zero: weight decay then moves frozen and unused parameters (issue 16's
+        # ZeroRedundancyAdamW bug), which torch's optimizers skip
+        "missing_grads_as_zeros": (edited("gpt.train_step", (
+            "    if scaler is not None:\n        scaler.step(optimizer)",
+            "    for p in params:\n        if p.grad is None:\n            p.grad = torch.zeros_like(p)\n"
+            "    if scaler is not None:\n        scaler.step(optimizer)")), None),
     },
     "gpt.ddp": {
         "sum_not_mean": (edited("gpt.ddp", ("        param.grad.div_(self.world_size)", "")), "summed over ranks"),
@@ -98,6 +119,12 @@ BUGGY = {
         "broadcast_instead_of_all_reduce": (edited("gpt.ddp", ("dist.all_reduce(param.grad, async_op=True)",
                                                                "dist.broadcast(param.grad, src=0, async_op=True)")),
                                             None),
+        # every parameter reduced at the end of backward, a missing .grad as zeros: weight decay then moves the
+        # frozen and unused parameters, which torch's SGD skips (their .grad is None)
+        "missing_grads_as_zeros": (edited("gpt.ddp", (
+            "        for work in self.pending:",
+            "        for p in self.module.parameters():\n            if p.grad is None:\n"
+            "                p.grad = torch.zeros_like(p)\n        for work in self.pending:")), None),
     },
     "gpt.train_gpt": {
         "returns_an_untrained_model": (edited("gpt.train_gpt", ("    fit(model, optimizer", "    0 and fit(model, optimizer")),
@@ -108,6 +135,11 @@ BUGGY = {
                                                              "max_iters=4, lr_decay_iters=4, warmup_iters=0)")), None),
         "vocab_size_not_set": (edited("gpt.train_gpt",
                                       ("    config = config.replace(vocab_size=tokenizer.vocab_size)\n", "")), None),
+        # the message says autocast ran on the CPU: no likely cause is needed
+        "autocast_on_the_cpu": (edited("gpt.train_gpt", ("if config.amp and device == \"cuda\" else None",
+                                                         "if config.amp else None")), None),
+        "cuda_without_asking_torch": (edited("gpt.train_gpt", ("config.device != \"cpu\" and torch.cuda.is_available()",
+                                                               "config.device != \"cpu\"")), None),
     },
     "gpt.train_gpu": {
         "cpu_preset": (edited("gpt.train_gpu", ('train_gpt("gpu"', 'train_gpt("cpu"')), "cpu preset"),

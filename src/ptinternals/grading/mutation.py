@@ -671,11 +671,11 @@ def markdown(rep: dict) -> str:
         lines += ["", f"## {title.format(rep['chapter'])}", ""]
         for m in rows:
             why = f": {m['reason']}" if m.get("reason") else ""
-            lines.append(f"- `{m['exercise']}` line {m['lineno']} `{m['line']}` -> `{m['mutant']}` "
+            lines.append(f"- `{m['exercise']}` line {m['lineno']} `{m['line']}` -> `{m.get('mutant', '')}` "
                          f"({m['operator']} #{m['occurrence']}){why}")
     odd = [m for m in rep["mutants"] if m.get("reason", "").startswith("listed as equivalent")]
     if rep["stale_equivalents"] or odd:
         lines += ["", "## Stale equivalents file entries", ""]
         lines += [f"- {s}" for s in rep["stale_equivalents"]]
-        lines += [f"- `{m['exercise']}` `{m['line']}` -> `{m['mutant']}`: {m['reason']}" for m in odd]
+        lines += [f"- `{m['exercise']}` `{m['line']}` -> `{m.get('mutant', '')}`: {m['reason']}" for m in odd]
     return "\n".join(lines) + "\n"

@@ -36,7 +36,7 @@ def changed_regions(slug: str, previous: dict) -> list[str]:
                 for i in sorted(set(now) | set(previous["regions"])) if now.get(i) != previous["regions"].get(i)]
     then: dict[str, Counter] = {}
     for row in previous["mutants"]:
-        then.setdefault(row["exercise"], Counter())[(row["operator"], row["line"], row["occurrence"], row["mutant"])] += 1
+        then.setdefault(row["exercise"], Counter())[(row["operator"], row["line"], row["occurrence"], row.get("mutant", ""))] += 1
     out = []
     for i in sorted(set(plan) | set(then)):
         now = Counter((m.operator, m.line, m.occurrence, m.mutated) for m in mu.exercise_mutants(i)) if i in plan else Counter()
@@ -76,7 +76,7 @@ def run_survivors(slug: str, previous: dict, origin: str, *, jobs: int = 2, time
         if r["status"] in RETESTED:
             continue
         m = mu.Mutant(r["exercise"], plan[r["exercise"]][0], r["operator"], r["line"], r["occurrence"], r["lineno"],
-                      r["mutant"], "")
+                      r.get("mutant", ""), "")  # a deleted line has no "mutant"
         v = mu.Verdict(r["status"], r.get("phase", ""), r.get("category", ""), r.get("seconds", 0.0),
                        r.get("message", ""), r.get("killed_by", "") or r["exercise"])
         carried.append(mu.tally(results[r["exercise"]], m, v, equivalents))

@@ -10,6 +10,7 @@ Imports: torch and the standard library only.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import types
@@ -46,7 +47,8 @@ def torch_layer_norm(x, weight, bias, eps):
 class ProbeLM(nn.Module):
     """A small next-character model: embed -> blocks -> LN -> tied head. ``wrap(block, x)`` runs a block."""
 
-    def __init__(self, vocab: int, width: int, n_blocks: int, dropout: float = 0.0, layer_norm=None, wrap=None):
+    def __init__(self, vocab: int, width: int, n_blocks: int, dropout: float = 0.0, layer_norm=None, wrap=None, *,
+                 head: bool = False, unused: bool = False):
         super().__init__()
         layer_norm = layer_norm or torch_layer_norm
         self.embed = nn.Embedding(vocab, width)
@@ -54,21 +56,47 @@ class ProbeLM(nn.Module):
         self.ln_weight = nn.Parameter(torch.ones(width))
         self.ln_bias = nn.Parameter(torch.zeros(width))
         self.layer_norm, self.wrap = layer_norm, wrap
+        if head:  # tied as GPT ties it: one Parameter registered under two names (embed.weight, head.weight)
+            self.head = nn.Linear(width, vocab, bias=False)
+            self.head.weight = self.embed.weight
+        if unused:  # a parameter forward never reads: its .grad stays None
+            self.unused = nn.Parameter(torch.zeros(width))
 
     def forward(self, idx, targets):
         x = self.embed(idx)                                             # (B, T, C)
         for block in self.blocks:
             x = self.wrap(block, x) if self.wrap is not None else block(x)
-        logits = self.layer_norm(x, self.ln_weight, self.ln_bias, 1e-5) @ self.embed.weight.T   # (B, T, V)
+        h = self.layer_norm(x, self.ln_weight, self.ln_bias, 1e-5)
+        logits = self.head(h) if hasattr(self, "head") else h @ self.embed.weight.T    # (B, T, V)
         return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def probe_state(vocab: int, width: int, n_blocks: int, seed: int) -> dict:
-    """Deterministic weights for ProbeLM (non-trivial norms and biases)."""
+def build_probe(state: dict, frozen=(), **kwargs) -> ProbeLM:
+    """ProbeLM shaped like ``state`` (with a module-tied head / an unused parameter when ``state`` has
+    ``head.weight`` / ``unused``), loaded from it, with the parameters named in ``frozen`` set to
+    ``requires_grad=False`` (their .grad stays None, as does the unused one's)."""
+    model = ProbeLM(*_shape(state), head="head.weight" in state, unused="unused" in state, **kwargs)
+    model.load_state_dict(state)
+    names = dict(model.named_parameters(remove_duplicate=False))
+    unknown = sorted(set(frozen) - set(names))
+    if unknown:
+        raise ValueError(f"frozen names no parameter of the probe model: {unknown}")
+    for name in frozen:
+        names[name].requires_grad_(False)
+    return model
+
+
+def probe_state(vocab: int, width: int, n_blocks: int, seed: int, *, head: bool = False, unused: bool = False) -> dict:
+    """Deterministic weights for ProbeLM (non-trivial norms and biases); ``head``: the tied head is also
+    registered as ``head.weight`` (the same tensor as ``embed.weight``); ``unused``: a parameter forward
+    never reads."""
     g = torch.Generator().manual_seed(seed)
-    model = ProbeLM(vocab, width, n_blocks)
-    return {k: (torch.randn(v.shape, generator=g) * (0.3 if v.dim() > 1 else 0.2) + (1.0 if "ln_weight" in k else 0.0))
-            for k, v in model.state_dict().items()}
+    model = ProbeLM(vocab, width, n_blocks, head=head, unused=unused)
+    state = {k: (torch.randn(v.shape, generator=g) * (0.3 if v.dim() > 1 else 0.2) + (1.0 if "ln_weight" in k else 0.0))
+             for k, v in model.state_dict().items() if k != "head.weight"}
+    if head:
+        state["head.weight"] = state["embed.weight"]
+    return state
 
 
 def _shape(state: dict) -> tuple[int, int, int]:
@@ -80,14 +108,14 @@ def _params_out(model) -> dict:
     return {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
 
 
-def probe_trajectory(state, batches, *, dropout=0.0, layer_norm=None, wrap=None, lr=0.1, seed=0) -> dict:
+def probe_trajectory(state, batches, *, dropout=0.0, layer_norm=None, wrap=None, lr=0.1, seed=0, frozen=(),
+                     weight_decay=0.0) -> dict:
     """Train ProbeLM from ``state`` on ``batches`` with plain SGD steps; the default parts are torch's.
-    (SGD, not Adam: Adam divides out a gradient's scale, which would hide a gradient 2x too large.)"""
-    vocab, width, n_blocks = _shape(state)
+    (SGD, not Adam: Adam divides out a gradient's scale, which would hide a gradient 2x too large.
+    With ``weight_decay``, torch's SGD skips a parameter whose .grad is None: a zero gradient would decay it.)"""
     device = batches[0][0].device
-    model = ProbeLM(vocab, width, n_blocks, dropout, layer_norm, wrap).to(device)
-    model.load_state_dict(state)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    model = build_probe(state, frozen, dropout=dropout, layer_norm=layer_norm, wrap=wrap).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=weight_decay)
     losses = []
     for step, (x, y) in enumerate(batches):
         torch.manual_seed(seed + step)                                  # the same dropout draws in every run
@@ -110,6 +138,9 @@ def gpt_forward(entry, config: dict, state: dict, idx, targets):
     extra = sorted(set(theirs) - set(state))
     if missing or extra:
         return {"missing": missing, "extra": extra}
+    with torch.no_grad():  # the initialisation, before the fixed weights replace it: (numel, mean, std, min, max)
+        init = {k: (p.numel(), float(p.double().mean()), float(p.double().std()) if p.numel() > 1 else 0.0,
+                    float(p.min()), float(p.max())) for k, p in theirs.items()}
     model.load_state_dict(state, strict=False)
     model = model.double().to(idx.device).eval()
     with torch.no_grad():
@@ -120,7 +151,7 @@ def gpt_forward(entry, config: dict, state: dict, idx, targets):
     wte, head = model.get_parameter("transformer.wte.weight"), model.get_parameter("lm_head.weight")
     unique = {p.data_ptr(): p.numel() for p in model.parameters()}
     return {"logits": logits, "loss": None if loss is None else float(loss),
-            "tied": wte.data_ptr() == head.data_ptr(), "n_params": sum(unique.values())}
+            "tied": wte.data_ptr() == head.data_ptr(), "n_params": sum(unique.values()), "init": init}
 
 
 # ----------------------------------------------------------------------------- gpt.kernel_layer_norm the kernel op
@@ -183,23 +214,22 @@ def _saved_bytes(fn):
     return out, total[0]
 
 
-def checkpoint_probe(entry, state, batches, dropout: float):
+def checkpoint_probe(entry, state, batches, dropout: float, frozen=()):
     """A ProbeLM whose blocks run through ``entry(block, x)``: its trajectory, gradients of the first
-    step, and the bytes saved for backward, next to the same model without checkpointing."""
-    vocab, width, n_blocks = _shape(state)
+    step, and the bytes saved for backward, next to the same model without checkpointing. ``frozen``:
+    parameters with requires_grad=False (a frozen embedding: the first block's input needs no grad)."""
     device = batches[0][0].device
     result = {}
     x, y = batches[0]
     for name, wrap in (("plain", None), ("checkpointed", lambda block, h: entry(block, h))):
-        model = ProbeLM(vocab, width, n_blocks, dropout, wrap=wrap).to(device)
-        model.load_state_dict(state)
+        model = build_probe(state, frozen, dropout=dropout, wrap=wrap).to(device)
         torch.manual_seed(1234)
         (logits, loss), saved = _saved_bytes(lambda model=model: model(x, y))
         loss.backward()
         grads = {k: (p.grad.detach().float().cpu() if p.grad is not None else None)
                  for k, p in model.named_parameters()}
         result[name] = {"saved_bytes": saved, "loss": float(loss.detach()), "grads": grads}
-    traj = probe_trajectory(state, batches, dropout=dropout, wrap=lambda block, x: entry(block, x))
+    traj = probe_trajectory(state, batches, dropout=dropout, wrap=lambda block, x: entry(block, x), frozen=frozen)
     return {"trajectory": traj, "loss": result["checkpointed"]["loss"], "grads": result["checkpointed"]["grads"],
             "saved_bytes": result["checkpointed"]["saved_bytes"], "plain_saved_bytes": result["plain"]["saved_bytes"]}
 
@@ -228,14 +258,27 @@ def _as_float(v):
     return float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
 
 
-def train_step_probe(entry, state, steps, amp: str, grad_clip: float, lr: float = 0.1):
+def train_step_probe(entry, state, steps, amp: str, grad_clip: float, lr: float = 0.1, frozen=(),
+                     weight_decay: float = 0.0, no_sync: bool = False):
     """Run ``entry(model, optimizer, scaler, batches, amp_dtype, grad_clip)`` for each step's batches
-    (a list of micro-batches) on ProbeLM; ``amp`` is "none", "bfloat16" or "float16" (+ GradScaler)."""
-    vocab, width, n_blocks = _shape(state)
+    (a list of micro-batches) on ProbeLM; ``amp`` is "none", "bfloat16" or "float16" (+ GradScaler).
+    ``frozen`` parameters (and an unused one) reach the optimizer with .grad None. ``no_sync``: the model
+    has a ``no_sync()`` context manager, as a DDP model has; each forward records whether it ran inside."""
     device = steps[0][0][0].device
-    model = ProbeLM(vocab, width, n_blocks).to(device)
-    model.load_state_dict(state)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    model = build_probe(state, frozen).to(device)
+    inside, forwards = [False], []
+    if no_sync:
+        @contextlib.contextmanager
+        def recording_no_sync():
+            inside[0] = True
+            try:
+                yield
+            finally:
+                inside[0] = False
+
+        model.no_sync = recording_no_sync
+        model.register_forward_pre_hook(lambda module, args: forwards.append(inside[0]))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=weight_decay)
     amp_dtype = None if amp == "none" else getattr(torch, amp)
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**12) if amp == "float16" else None
     losses, norms, dtypes = [], [], set()
@@ -247,14 +290,16 @@ def train_step_probe(entry, state, steps, amp: str, grad_clip: float, lr: float 
         norms.append(_as_float(norm))
     grads_left = sum(1 for p in model.parameters() if p.grad is not None and bool(p.grad.abs().sum() > 0))
     return {"losses": losses, "grad_norms": norms, "params": _params_out(model), "matmul_dtypes": sorted(dtypes),
-            "grads_left": grads_left}
+            "grads_left": grads_left, "no_sync_forwards": forwards if no_sync else None}
 
 
 # ----------------------------------------------------------------------------------------- gpt.ddp DDP
-def ddp_probe(entry, state0, state1, batches, lr: float = 0.1, timeout_s: float = 60.0):
+def ddp_probe(entry, state0, state1, batches, lr: float = 0.1, timeout_s: float = 60.0, frozen=(),
+              weight_decay: float = 0.0):
     """Two ranks (fork, gloo on the CPU, through the sandbox's launcher ``ranks.spawn``) train ProbeLM
     wrapped in ``entry``; each rank starts from its own weights and gets half of every batch as two
-    micro-batches, the first under ``no_sync()``. Returns both ranks' losses, collective counts, weights."""
+    micro-batches, the first under ``no_sync()``. ``frozen`` parameters are set requires_grad=False before
+    wrapping. Returns both ranks' losses, collective counts, weights."""
     from ptinternals.checks.probes.ranks import RankCrashError, RankHangError, spawn
 
     states = [{k: v.detach().cpu() for k, v in s.items()} for s in (state0, state1)]
@@ -280,10 +325,9 @@ def ddp_probe(entry, state0, state1, batches, lr: float = 0.1, timeout_s: float 
                     return _f(*a, **k)
 
                 setattr(dist, name, counted)
-        model = ProbeLM(*_shape(states[rank]))
-        model.load_state_dict(states[rank])                             # each rank starts from different weights
+        model = build_probe(states[rank], frozen)                      # each rank starts from different weights
         ddp = cls(model)
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=weight_decay)
         losses = []
         for x, y in batches:
             xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]       # this rank's half of the batch
@@ -310,9 +354,9 @@ def ddp_probe(entry, state0, state1, batches, lr: float = 0.1, timeout_s: float 
     return {f"rank{r}": res for r, res in enumerate(results)}
 
 
-def single_process_reference(state, batches, lr: float = 0.1) -> dict:
+def single_process_reference(state, batches, lr: float = 0.1, frozen=(), weight_decay: float = 0.0) -> dict:
     """What DDP over 2 ranks must equal: one process, the full batch (the expected side of ddp_probe)."""
-    return probe_trajectory(state, batches, lr=lr)
+    return probe_trajectory(state, batches, lr=lr, frozen=frozen, weight_decay=weight_decay)
 
 
 # ------------------------------------------------------------------------------------ gpt.train_gpt/gpt.train_gpu runs
@@ -345,6 +389,18 @@ def _is_causal(model, val, T: int, device) -> bool | str:
         return f"{type(e).__name__}: {str(e)[:200]}"
 
 
+class CPUAutocastError(RuntimeError):
+    """A module ran forward under CPU autocast during a training run (``config.amp`` is for CUDA)."""
+
+
+def _refuse_cpu_autocast(module, args):
+    """A global forward pre-hook: stop the run at the first forward under CPU autocast (bf16 matmuls are
+    12-18x slower than fp32 on these CPUs, so the run would only end by its time limit)."""
+    if torch.is_autocast_enabled("cpu"):
+        raise CPUAutocastError(f"{type(module).__name__}.forward ran under torch.autocast('cpu', "
+                               f"{torch.get_autocast_dtype('cpu')})")
+
+
 def train_run(entry, preset: str, overrides: dict, val, block_size: int, n_windows: int = 64,
               tokens_per_run: int = 0, on_gpu: bool = False):
     """Time ``entry(...)`` (a training run that returns the model), then measure the model's validation
@@ -352,7 +408,13 @@ def train_run(entry, preset: str, overrides: dict, val, block_size: int, n_windo
     if on_gpu and not torch.cuda.is_available():
         return {"skipped": "this case needs a GPU and there is none here"}
     t0 = time.perf_counter()
-    model = entry(overrides) if preset in ("gpu", "gpu-smoke") else entry(preset, overrides)
+    handle = nn.modules.module.register_module_forward_pre_hook(_refuse_cpu_autocast)
+    try:
+        model = entry(overrides) if preset in ("gpu", "gpu-smoke") else entry(preset, overrides)
+    except CPUAutocastError as e:
+        return {"cpu_autocast": str(e)}
+    finally:
+        handle.remove()
     seconds = time.perf_counter() - t0
     if not isinstance(model, nn.Module):
         return {"not_a_module": type(model).__name__}
