@@ -42,6 +42,9 @@ BUGGY = {
                                                  "name.endswith")), None),
         "biases_left_at_torch_default": (edited("gpt.gpt", ("            elif name.endswith(\"bias\"):\n"
                                                             "                nn.init.zeros_(p)\n", "")), None),
+        # the values are right: the message says what autograd saved with the switch off and on
+        "checkpointing_switch_ignored": (edited("gpt.gpt", ("x = checkpoint(block, x) if recompute else block(x)",
+                                                            "x = block(x)")), None),
     },
     "gpt.kernel_layer_norm": {
         "unbiased_variance": (edited("gpt.kernel_layer_norm", ("tl.sum(xc * xc, axis=0) / N + eps",
@@ -55,6 +58,11 @@ BUGGY = {
                                                                   "dw_rows[:1].sum(0).to(weight.dtype)")), "ALL rows"),
         "no_fake": (edited("gpt.kernel_layer_norm", ("    @layer_norm.register_fake\n    def _(x, weight, bias, eps):",
                                                      "    def _(x, weight, bias, eps):")), "register_fake"),
+        "no_fake_for_the_backward_op": (edited("gpt.kernel_layer_norm", (
+            "    @layer_norm_backward.register_fake\n", "")), "register_fake"),
+        # the message names the op, the output and both shapes: no likely cause is needed
+        "fake_mean_of_the_first_dim_only": (edited("gpt.kernel_layer_norm", ("M = math.prod(x.shape[:-1])",
+                                                                             "M = x.shape[0]")), None),
         # the answer is right and the message names the shortcut: no likely cause is needed
         "calls_torch": (edited("gpt.kernel_layer_norm", (_OP_CALL, "    return torch.nn.functional.layer_norm("
                                                                    "x, (x.shape[-1],), weight, bias, float(eps))")),
@@ -92,6 +100,9 @@ BUGGY = {
                                 "unscale_"),
         "no_zero_grad": (edited("gpt.train_step", ("    optimizer.zero_grad(set_to_none=True)\n", "")),
                          "zero the gradients"),
+        # the message says that .grad is kept as zeros and why None is asked for: no likely cause is needed
+        "grads_kept_as_zeros": (edited("gpt.train_step", ("zero_grad(set_to_none=True)", "zero_grad(set_to_none=False)")),
+                                None),
         # the message says which dtype the matmuls ran in: no likely cause is needed
         "no_autocast": (edited("gpt.train_step", ("with autocast_context(device_type, amp_dtype):",
                                                   "with contextlib.nullcontext():")), None),

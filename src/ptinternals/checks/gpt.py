@@ -327,7 +327,11 @@ class GPTForward(Exercise):
         ]
         return [self._case(*c) for c in deliberate + draw(case(), 16)] + [
             self._case(dict(vocab_size=8, block_size=5, n_layer=2, n_head=1, n_embd=6, bias=True), 2, 5, 15,
-                       dropout=0.5)]
+                       dropout=0.5),
+            self._case(dict(vocab_size=7, block_size=5, n_layer=2, n_head=2, n_embd=8, bias=True,
+                            kernels="layernorm"), 2, 5, 16,
+                       "kernels='layernorm': every LayerNorm calls kernel_layer_norm (the grader stands torch's "
+                       "layer norm in for it, and torch's checkpoint for checkpoint)")]
 
     boundary_classes = {
         "a single token (T = 1)": lambda c, e: c.args[2].shape[1] == 1,
@@ -340,6 +344,8 @@ class GPTForward(Exercise):
         "without biases": lambda c, e: not c.args[0]["bias"],
         "three layers": lambda c, e: c.args[0]["n_layer"] == 3,
         "dropout > 0 in eval mode (it must do nothing)": lambda c, e: c.args[0]["dropout"] > 0,
+        "kernels='layernorm' (the layer norms through kernel_layer_norm)": lambda c, e: c.args[0].get(
+            "kernels") == "layernorm",
         "weights large enough to measure the initialisation (>= 4096 values)": lambda c, e: any(
             n >= INIT_MIN_NUMEL for n, _, _ in e["init"].values()),
     }
@@ -377,7 +383,18 @@ class GPTForward(Exercise):
                     "(self.transformer.wte.weight = self.lm_head.weight), not a copy")
         if got.get("n_params") != expected["n_params"]:
             return f"your model has {got.get('n_params')} distinct parameters, the reference {expected['n_params']}"
-        return _init_problem(got.get("init"), expected["init"])
+        problem = _init_problem(got.get("init"), expected["init"])
+        if problem:
+            return problem
+        if "layernorm" in case.args[0].get("kernels", "none") and got.get("kernel_layer_norm_calls") == 0:
+            return (f"with kernels={case.args[0]['kernels']!r} the layer norms must run through kernel_layer_norm; "
+                    f"yours never called it")
+        saved = got.get("saved_bytes") or {}
+        if not saved.get("checkpointing=True", 0) < saved.get("checkpointing=False", 0):
+            return ("in training mode with grad enabled, config.checkpointing=True runs each block as "
+                    "checkpoint(block, x), so autograd saves fewer bytes for backward than without; bytes saved: "
+                    f"{saved}")
+        return None
 
     def diagnose(self, case, got, expected):
         if not isinstance(got, dict) or not hasattr(got.get("logits"), "values"):
@@ -507,12 +524,15 @@ class KernelLayerNorm(Exercise):
         if got.get("fake_shape") != expected["shape"]:
             return (f"under FakeTensorMode your op should return a tensor of shape {expected['shape']}, it gave "
                     f"{got.get('fake_shape')}")
+        if got.get("fake_mismatches"):  # every custom op the forward and the backward ran: fake vs real outputs
+            return ("torch.compile traces your custom ops through their fake implementations, which must describe "
+                    "the real outputs:\n  " + "\n  ".join(got["fake_mismatches"][:4]))
         return None
 
     def diagnose(self, case, got, expected):
         if "swapped_into_model" in case.kwargs or not isinstance(got, dict):
             return None
-        if isinstance(got.get("fake_shape"), str):
+        if isinstance(got.get("fake_shape"), str) or any(" raised " in m for m in got.get("fake_mismatches") or []):
             return ("torch.compile and FakeTensorMode trace custom ops through a fake implementation: add "
                     "@your_op.register_fake returning empty tensors of the right shapes.")
         x, w, b, eps = case.args
@@ -673,14 +693,17 @@ class TrainStep(Exercise):
             st.integers(5, 99)), 6)] + [
             self._case("none", 2, 0.3, 104, "frozen and unused parameters (.grad None: clipping and the optimizer skip "
                                             "them), a head tied by module, SGD with weight decay", frozen=FROZEN),
-            Case((probes.probe_state(11, 16, 2, 105), _step_batches(11, 3, 4, 8, 2, 105), "none", 1.0),
-                 {"no_sync": True}, label="a model with no_sync() (as DDP has), three micro-batches: the first two "
-                                          "run inside it, the last outside")]
+            *(Case((probes.probe_state(11, 16, 2, seed), _step_batches(11, micro, 4, 8, 2, seed), "none", 1.0),
+                   {"no_sync": True}, label=f"a model with no_sync() (as DDP has), {micro} micro-batch(es): all but "
+                                            f"the last run inside it")
+              for micro, seed in ((1, 106), (2, 107), (3, 105)))]
 
     boundary_classes = {
         **PARAMETER_CLASSES,
         "a model with no_sync(), several micro-batches": lambda c, e: c.kwargs.get("no_sync") and len(
             c.args[1][0]) > 1,
+        "a model with no_sync(), exactly two micro-batches": lambda c, e: c.kwargs.get("no_sync") and len(
+            c.args[1][0]) == 2,
         "fp32 (amp_dtype=None, no scaler)": lambda c, e: c.args[2] == "none",
         "bf16 autocast": lambda c, e: c.args[2] == "bfloat16",
         "fp16 autocast with a GradScaler": lambda c, e: c.args[2] == "float16",
@@ -715,6 +738,10 @@ class TrainStep(Exercise):
                 or _params_close(got.get("params"), expected["params"], rtol * 10, atol * 10)
                 or (None if got.get("grads_left", 1) == 0 else
                     "after the step some parameters still hold a gradient: the next step would add to it")
+                or (None if got.get("grads_kept", 1) == expected["grads_kept"] else
+                    f"after the step {got.get('grads_kept')} parameter(s) still hold a (zero) .grad tensor: "
+                    f"optimizer.zero_grad(set_to_none=True), as in the step above and torch's default, sets .grad "
+                    f"to None, freeing the gradients' memory until the next backward")
                 or (None if got.get("no_sync_forwards") == expected["no_sync_forwards"] else
                     f"the model has no_sync() (as a DDP model does): run every micro-batch but the last inside it, so "
                     f"the ranks communicate once per step; forwards inside no_sync(), per micro-batch: expected "

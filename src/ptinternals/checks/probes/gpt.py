@@ -128,8 +128,61 @@ def probe_trajectory(state, batches, *, dropout=0.0, layer_norm=None, wrap=None,
 
 
 # --------------------------------------------------------------------------------- gpt.gpt the model
+@contextlib.contextmanager
+def _stand_ins(entry, calls: list):
+    """Put, in the globals of ``entry``'s forward, torch's own parts in place of the other exercises' that
+    GPT calls (``kernel_layer_norm``, ``checkpoint``), recording each call, so that this exercise does not
+    depend on those (in the notebook they are defined after GPT); restore the globals afterwards."""
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+    def layer_norm(x, weight, bias=None, eps=1e-5):
+        calls.append("kernel_layer_norm")
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+    def checkpoint(fn, *args):
+        calls.append("checkpoint")
+        return torch_checkpoint(fn, *args, use_reentrant=False)
+
+    namespace = getattr(getattr(entry, "forward", None), "__globals__", None)
+    if namespace is None:  # not a Python class: nothing to stand in for
+        yield set()
+        return
+    stand_ins = {"kernel_layer_norm": layer_norm, "checkpoint": checkpoint}
+    missing = object()
+    saved = {k: namespace.get(k, missing) for k in stand_ins}
+    namespace.update(stand_ins)
+    try:
+        yield {k for k, v in saved.items() if v is not missing}  # the names GPT's module defined itself
+    finally:
+        for k, v in saved.items():
+            if v is missing:
+                namespace.pop(k, None)
+            else:
+                namespace[k] = v
+
+
 def gpt_forward(entry, config: dict, state: dict, idx, targets):
-    """Build ``entry(config)``, load ``state`` (nanoGPT's names), run forward in float64, eval mode."""
+    """Build ``entry(config)``, load ``state`` (nanoGPT's names), run forward in float64, eval mode; then,
+    in training mode with grad enabled, the bytes autograd saves with config.checkpointing off and on."""
+    calls = []
+    with _stand_ins(entry, calls) as replaced:
+        out = _gpt_forward(entry, config, state, idx, targets)
+        if "logits" in out:
+            # None: the module has no kernel_layer_norm of its own and GPT never called ours (it may call
+            # its op by another name, as the reference does): nothing to judge
+            n = calls.count("kernel_layer_norm")
+            out["kernel_layer_norm_calls"] = n if n or "kernel_layer_norm" in replaced else None
+            saved = {}
+            for flag in (False, True):
+                model = entry(types.SimpleNamespace(**{**GPT_DEFAULTS, **config, "checkpointing": flag}))
+                model.load_state_dict(state, strict=False)
+                model = model.double().to(idx.device).train()
+                saved[flag] = _saved_bytes(lambda model=model: model(idx, targets))[1]
+            out["saved_bytes"] = {"checkpointing=False": saved[False], "checkpointing=True": saved[True]}
+    return out
+
+
+def _gpt_forward(entry, config: dict, state: dict, idx, targets):
     cfg = types.SimpleNamespace(**{**GPT_DEFAULTS, **config})
     torch.manual_seed(0)
     model = entry(cfg)
@@ -155,8 +208,9 @@ def gpt_forward(entry, config: dict, state: dict, idx, targets):
 
 
 # ----------------------------------------------------------------------------- gpt.kernel_layer_norm the kernel op
-def _dispatched(fn):
-    """(result, sorted names of the ops fn dispatched at the top level)."""
+def _dispatched(fn, custom_calls=None):
+    """(result, sorted names of the ops fn dispatched at the top level); each call of an op outside aten
+    and prim is appended to ``custom_calls`` as (op, args, kwargs, output)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     names = set()
@@ -164,11 +218,46 @@ def _dispatched(fn):
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
             names.add(str(func))
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            if custom_calls is not None and not str(func).startswith(("aten.", "prim.")):
+                custom_calls.append((func, args, kwargs or {}, out))
+            return out
 
     with Recorder():
         out = fn()
     return out, sorted(names)
+
+
+def _fake_mismatches(custom_calls) -> list[str]:
+    """Rerun each recorded custom-op call on fake copies of its inputs (FakeTensorMode: the op's fake
+    implementation, what torch.compile traces) and name every output whose shape, dtype or device differs
+    from the real call's, as torch.library.opcheck's fake test does."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    problems = []
+    for op, args, kwargs, real in custom_calls:
+        mode = FakeTensorMode()
+        fargs, fkwargs = tree_map(lambda t, mode=mode: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t,
+                                  (args, kwargs))
+        try:
+            with mode:
+                fake = op(*fargs, **fkwargs)
+        except Exception as e:  # no register_fake, or a fake implementation that reads data
+            problems.append(f"{op}: under FakeTensorMode it raised {type(e).__name__}: {str(e)[:200]}")
+            continue
+        real_flat, fake_flat = tree_flatten(real)[0], tree_flatten(fake)[0]
+        if len(real_flat) != len(fake_flat):
+            problems.append(f"{op}: the real op returned {len(real_flat)} outputs, the fake {len(fake_flat)}")
+            continue
+        for i, (r, f) in enumerate(zip(real_flat, fake_flat)):
+            if not isinstance(r, torch.Tensor):
+                continue
+            got = (tuple(f.shape), f.dtype, f.device.type) if isinstance(f, torch.Tensor) else type(f).__name__
+            if got != (tuple(r.shape), r.dtype, r.device.type):
+                problems.append(f"{op}: output {i} is {(tuple(r.shape), r.dtype, r.device.type)} (shape, dtype, "
+                                f"device) but its fake implementation gives {got}")
+    return problems
 
 
 def layer_norm_op(entry, x=None, weight=None, bias=None, eps=1e-5, *, dy=None, swapped_into_model=None):
@@ -183,8 +272,9 @@ def layer_norm_op(entry, x=None, weight=None, bias=None, eps=1e-5, *, dy=None, s
     x = x.detach().requires_grad_(True)
     weight = weight.detach().requires_grad_(True)
     bias = None if bias is None else bias.detach().requires_grad_(True)
-    y, forward_ops = _dispatched(lambda: entry(x, weight, bias, eps))
-    _, backward_ops = _dispatched(lambda: y.backward(dy))
+    custom_calls = []
+    y, forward_ops = _dispatched(lambda: entry(x, weight, bias, eps), custom_calls)
+    _, backward_ops = _dispatched(lambda: y.backward(dy), custom_calls)
     modified = [name for name, t, b in zip(("x", "weight", "bias"), plain, before)
                 if t is not None and not torch.equal(t, b)]
     try:
@@ -197,7 +287,8 @@ def layer_norm_op(entry, x=None, weight=None, bias=None, eps=1e-5, *, dy=None, s
     except Exception as e:  # no register_fake, or an implementation that reads data
         fake = f"{type(e).__name__}: {str(e)[:300]}"
     return {"y": y, "dx": x.grad, "dw": weight.grad, "db": None if bias is None else bias.grad,
-            "forward_ops": forward_ops, "backward_ops": backward_ops, "fake_shape": fake, "modified": modified}
+            "forward_ops": forward_ops, "backward_ops": backward_ops, "fake_shape": fake, "modified": modified,
+            "fake_mismatches": _fake_mismatches(custom_calls)}
 
 
 # --------------------------------------------------------------------------- gpt.checkpoint checkpointing
@@ -289,8 +380,9 @@ def train_step_probe(entry, state, steps, amp: str, grad_clip: float, lr: float 
         losses.append(_as_float(loss))
         norms.append(_as_float(norm))
     grads_left = sum(1 for p in model.parameters() if p.grad is not None and bool(p.grad.abs().sum() > 0))
+    grads_kept = sum(1 for p in model.parameters() if p.grad is not None)  # zero_grad(set_to_none=True) frees all
     return {"losses": losses, "grad_norms": norms, "params": _params_out(model), "matmul_dtypes": sorted(dtypes),
-            "grads_left": grads_left, "no_sync_forwards": forwards if no_sync else None}
+            "grads_left": grads_left, "grads_kept": grads_kept, "no_sync_forwards": forwards if no_sync else None}
 
 
 # ----------------------------------------------------------------------------------------- gpt.ddp DDP
