@@ -32,7 +32,20 @@ def _public_text() -> str:
                 texts.append(" ".join(cell.source.split()))
     texts += [p.read_text() for p in sorted((ROOT / "src" / "ptinternals").glob("*/scaffold.py"))]
     texts += [p.read_text() for p in _printed_modules()]
+    texts += _quiz_questions()
     return "\n".join(texts)
+
+
+def _quiz_questions() -> list[str]:
+    """Every quiz question's text and options (a page shows a graded question as plain HTML): public.
+    Keys, hints and explanations are not added, so solution code quoted there still counts as a leak."""
+    texts = []
+    for path in sorted((ROOT / "solutions" / "quizzes").glob("*.yaml")):
+        bank = yaml.safe_load(path.read_text())
+        for q in bank.get("questions", []) if isinstance(bank, dict) else bank:
+            texts.append(str(q.get("text", "")))
+            texts += [str(o) for o in q.get("options", []) or []]
+    return texts
 
 
 def _printed_modules() -> list[Path]:
