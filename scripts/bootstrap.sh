@@ -34,7 +34,9 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "creating $venv with $py"
   "$py" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+# setuptools >= 77: the student edition builds its wheel with this venv's setuptools (no build isolation,
+# offline), and its pyproject uses an SPDX license string; a new venv on Python 3.11 starts with 66.
+"$venv/bin/python" -m pip install --quiet --upgrade pip "setuptools>=77" 2>&1 | grep -v "^WARNING: Location" || true
 echo "installing the course's pinned environment (first time: a few minutes)"
 "$venv/bin/python" -m pip install --quiet -c "$constraints" -e "$root[$extras]" 2>&1 \
   | grep -v "^WARNING: Location" || true

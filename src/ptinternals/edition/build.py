@@ -444,6 +444,15 @@ def _import_all(out: Path) -> None:
 
 
 def _wheel(out: Path) -> Path:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("setuptools")
+    except PackageNotFoundError:
+        found = "none"
+    if not found[0].isdigit() or int(found.split(".")[0]) < 77:
+        raise EditionError(f"building the wheel needs setuptools >= 77 in this environment (found {found}): "
+                           f"{sys.executable} -m pip install -U 'setuptools>=77'")
     dist = out / "dist"
     dist.mkdir(exist_ok=True)
     with tempfile_dir() as tmp:
