@@ -68,7 +68,13 @@ def _strip_annotations(node: ast.AST) -> ast.AST:
 
 def _globals_used(node: ast.AST) -> set[str]:
     """Module-level names ``node`` (a top-level statement) reads, in any nested scope."""
-    table = symtable.symtable(ast.unparse(_strip_annotations(_copy(node))), "<slice>", "exec")
+    return names_read(ast.unparse(_strip_annotations(_copy(node))))
+
+
+def names_read(source: str) -> set[str]:
+    """Module-level names the code ``source`` reads, in any nested scope (a function body reads them when
+    called): what symtable marks referenced at top level, or global in a nested scope."""
+    table = symtable.symtable(source, "<slice>", "exec")
     out = set()
 
     def walk(t, top: bool):

@@ -47,18 +47,9 @@ def _python(source: str) -> str:
 
 def _reads(stmt: ast.stmt) -> set[str]:
     """Module-level names ``stmt`` reads, in any nested scope (a function body reads them when called)."""
-    table = symtable.symtable(ast.unparse(stmt), "<cell>", "exec")
-    out = set()
+    from .checks import names_read
 
-    def walk(t, top):
-        for s in t.get_symbols():
-            if s.is_referenced() and (top or s.is_global()):
-                out.add(s.get_name())
-        for child in t.get_children():
-            walk(child, False)
-
-    walk(table, True)
-    return out
+    return names_read(ast.unparse(stmt))
 
 
 def _binds(stmt: ast.stmt) -> set[str]:
